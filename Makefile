@@ -1,0 +1,43 @@
+# The whole set-up on a fresh Linux machine: `make demo` and `make test`.
+# Override the torch requirement for a CUDA build, e.g. `make demo TORCH='torch==2.13.0'`
+# with your CUDA index configured in pip; the default pin takes the CPU build on disk here.
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+PYTEST_ARGS ?=
+
+.PHONY: demo test bench-comm system-deps clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Re-install when the project's requirements change.
+$(VENV)/.installed-%: pyproject.toml | $(VENV)/bin/python
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet "$(TORCH)" -e ".[$*]"
+	touch $@
+
+# System packages the test suite uses (iproute2 for network namespaces in the comm tests).
+system-deps:
+	@if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			apt-get update -qq && apt-get install -y -qq iproute2; \
+		else \
+			echo "note: iproute2 (ip, tc) missing; the bandwidth-capped benchmark needs it"; \
+		fi; \
+	fi
+
+demo: $(VENV)/.installed-examples
+	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 examples/train_digits.py
+	$(PY) examples/train_digits.py
+
+test: system-deps $(VENV)/.installed-test
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench-comm: $(VENV)/.installed-bench
+	$(PY) benchmarks/comm.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,26 @@
+"""Bagua: PyTorch training acceleration, adopted one line at a time.
+
+Example::
+
+    import bagua
+    bagua.init_process_group()          # reads the env that torchrun sets
+    print(bagua.get_rank(), bagua.get_world_size())
+"""
+
+from . import comm
+from .comm import (
+    destroy_process_group,
+    get_local_rank,
+    get_local_size,
+    get_rank,
+    get_world_size,
+    init_process_group,
+    is_initialized,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "comm", "destroy_process_group", "get_local_rank", "get_local_size", "get_rank",
+    "get_world_size", "init_process_group", "is_initialized", "__version__",
+]

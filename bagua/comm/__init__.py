@@ -1,0 +1,60 @@
+"""The communication core: process groups, collectives, compression, buckets, engine.
+
+Everything distributed in Bagua goes through this package (built on torch.distributed:
+NCCL for CUDA tensors, Gloo for CPU tensors).
+
+Example::
+
+    import bagua, torch
+    bagua.init_process_group()
+    t = torch.ones(1000)
+    bagua.comm.allreduce(t, op=bagua.comm.ReduceOp.AVG, compression="minmax_uint8")
+"""
+
+from .bucket import Bucket
+from .collectives import (
+    CollectiveError,
+    Handle,
+    ReduceOp,
+    allgather,
+    allreduce,
+    alltoall,
+    alltoall_v,
+    barrier,
+    broadcast,
+    gather,
+    recv,
+    reduce,
+    reduce_scatter,
+    scatter,
+    send,
+)
+from .compressed import compressed_allreduce
+from .compression import BF16, CODEC_NAMES, FP16, Codec, MinMaxUInt8, Payload, get_codec
+from .engine import Engine, EngineError
+from .process_group import (
+    BaguaProcessGroup,
+    NotInitializedError,
+    destroy_process_group,
+    get_default_group,
+    get_inter_node_group,
+    get_intra_node_group,
+    get_local_rank,
+    get_local_size,
+    get_rank,
+    get_world_size,
+    init_process_group,
+    is_initialized,
+    new_group,
+)
+from .traffic import bytes_sent, reset_traffic, traffic_by_kind
+
+__all__ = [
+    "BF16", "CODEC_NAMES", "FP16", "BaguaProcessGroup", "Bucket", "Codec", "CollectiveError",
+    "Engine", "EngineError", "Handle", "MinMaxUInt8", "NotInitializedError", "Payload", "ReduceOp",
+    "allgather", "allreduce", "alltoall", "alltoall_v", "barrier", "broadcast", "bytes_sent",
+    "compressed_allreduce", "destroy_process_group", "gather", "get_codec", "get_default_group",
+    "get_inter_node_group", "get_intra_node_group", "get_local_rank", "get_local_size", "get_rank",
+    "get_world_size", "init_process_group", "is_initialized", "new_group", "recv", "reduce",
+    "reduce_scatter", "reset_traffic", "scatter", "send", "traffic_by_kind",
+]

@@ -1,0 +1,127 @@
+"""Bucket: many tensors of one dtype and device living as views of one flat buffer.
+
+Building a bucket copies each tensor's values into the buffer once and rebinds the
+tensor's ``.data`` to its view, so the caller's tensor objects (parameters, gradients)
+keep working while a single collective on ``bucket.flat`` moves them all, with no copy
+per step. An algorithm appends the communication ops the bucket runs when it is ready.
+
+Example::
+
+    bucket = Bucket([p.grad for p in params], name="grads-0")
+    bucket.append_allreduce(op=ReduceOp.AVG)
+    bucket.run_ops()             # usually the Engine runs them, overlapped with backward
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence, Union
+
+import torch
+
+from .collectives import ReduceOp, allreduce, broadcast
+from .process_group import BaguaProcessGroup
+
+BucketOp = Callable[["Bucket"], None]
+
+
+class Bucket:
+    """A flat buffer holding ``tensors`` as views, plus its chain of communication ops."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor], name: str = "bucket", rebind: bool = True):
+        """
+        Args:
+            tensors: one dtype, one device, at least one tensor.
+            name: shown in errors and logs.
+            rebind: point each tensor's ``.data`` at its view (default). With False the
+                views are independent copies, reachable through ``bucket.views``.
+        """
+        tensors = list(tensors)
+        if not tensors:
+            raise ValueError(f"bucket {name!r}: needs at least one tensor")
+        for t in tensors:
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"bucket {name!r}: expected tensors, got {type(t).__name__}")
+        dtypes = {t.dtype for t in tensors}
+        devices = {t.device for t in tensors}
+        if len(dtypes) > 1 or len(devices) > 1:
+            raise ValueError(
+                f"bucket {name!r}: tensors must share one dtype and one device, got dtypes "
+                f"{sorted(map(str, dtypes))} on {sorted(map(str, devices))}; make one bucket per kind"
+            )
+        self.name = name
+        self.dtype = tensors[0].dtype
+        self.device = tensors[0].device
+        self.numels = [t.numel() for t in tensors]
+        self.offsets = [0]
+        for numel in self.numels:
+            self.offsets.append(self.offsets[-1] + numel)
+        self.flat = torch.empty(self.offsets[-1], dtype=self.dtype, device=self.device)
+        self.views: list[torch.Tensor] = []
+        for t, start, numel in zip(tensors, self.offsets, self.numels):
+            view = self.flat[start:start + numel].view(t.shape)
+            view.copy_(t.detach())
+            self.views.append(view)
+            if rebind:
+                t.data = view
+        self.tensors = tensors
+        self._ops: list[tuple[str, BucketOp]] = []
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __repr__(self) -> str:
+        return f"Bucket({self.name!r}, {len(self)} tensors, {self.flat.numel()} x {self.dtype}, {self.device})"
+
+    @property
+    def nbytes(self) -> int:
+        return self.flat.nbytes
+
+    def is_intact(self) -> bool:
+        """Whether every tensor still lives in the flat buffer (nobody replaced its storage)."""
+        return all(t.data_ptr() == v.data_ptr() and t.shape == v.shape for t, v in zip(self.tensors, self.views))
+
+    # --- the chain of ops ---------------------------------------------------------------
+    @property
+    def ops(self) -> list[str]:
+        """Names of the appended ops, in run order."""
+        return [name for name, _ in self._ops]
+
+    def append_op(self, op: BucketOp, name: Optional[str] = None) -> "Bucket":
+        """Append ``op(bucket)``; it runs after the ops appended before it. Returns self."""
+        if not callable(op):
+            raise TypeError(f"bucket {self.name!r}: op must be callable, got {type(op).__name__}")
+        self._ops.append((name or getattr(op, "__name__", "op"), op))
+        return self
+
+    def append_allreduce(
+        self,
+        op: Union[ReduceOp, str] = ReduceOp.AVG,
+        group: Optional[BaguaProcessGroup] = None,
+        compression: Optional[object] = None,
+    ) -> "Bucket":
+        """Append an allreduce of the whole flat buffer (optionally compressed)."""
+        def run(bucket: "Bucket") -> None:
+            allreduce(bucket.flat, op=op, group=group, compression=compression)
+
+        return self.append_op(run, f"allreduce[{compression or 'exact'}]")
+
+    def append_broadcast(self, src: int = 0, group: Optional[BaguaProcessGroup] = None) -> "Bucket":
+        """Append a broadcast of the flat buffer from global rank ``src``."""
+        def run(bucket: "Bucket") -> None:
+            broadcast(bucket.flat, src=src, group=group)
+
+        return self.append_op(run, f"broadcast[{src}]")
+
+    def clear_ops(self) -> None:
+        """Forget the appended ops."""
+        self._ops.clear()
+
+    def run_ops(self) -> None:
+        """Run the ops in order, now, on the calling thread."""
+        for name, op in self._ops:
+            try:
+                op(self)
+            except Exception as e:
+                if hasattr(e, "add_note"):  # Python 3.11+
+                    e.add_note(f"while running op {name!r} of bucket {self.name!r}")
+                raise

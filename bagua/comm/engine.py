@@ -1,0 +1,153 @@
+"""Engine: launches each bucket's ops once all its tensors are ready, in bucket order.
+
+During backward, gradients become ready one by one (``mark_ready``). When every tensor
+of a bucket is ready and every earlier bucket has been launched, the engine hands the
+bucket's op chain to the communication thread, so communication overlaps with the rest
+of backward. Launch order is the bucket order on every rank, whatever order the tensors
+became ready in, so all ranks issue the same collectives in the same sequence.
+``wait()`` ends the step: it launches nothing new, waits for every launched chain, and
+re-raises the first error. On CUDA the chains run on a side stream that first waits
+for the work that produced the tensors.
+
+Example::
+
+    engine = Engine([bucket0, bucket1])
+    for t in tensors_in_the_order_backward_produces_them:
+        engine.mark_ready(t)
+    engine.wait()
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from typing import Optional, Sequence
+
+import torch
+
+from .bucket import Bucket
+
+
+class EngineError(RuntimeError):
+    """A step could not complete: a tensor never became ready, or an op failed."""
+
+
+_worker_lock = threading.Lock()
+_worker: Optional[concurrent.futures.ThreadPoolExecutor] = None
+
+
+def _comm_thread() -> concurrent.futures.ThreadPoolExecutor:
+    """One communication thread per process: chains of every engine run in launch order."""
+    global _worker
+    with _worker_lock:
+        if _worker is None:
+            _worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="bagua-comm")
+        return _worker
+
+
+class Engine:
+    """Tracks tensor readiness for a list of buckets and runs their ops in order."""
+
+    def __init__(self, buckets: Sequence[Bucket], timeout_s: Optional[float] = None):
+        """
+        Args:
+            buckets: the same buckets, in the same order, on every rank.
+            timeout_s: how long ``wait()`` waits for the communication thread before it
+                fails naming the bucket (default: no limit beyond the process group's own
+                timeout, which already ends a stuck collective with an error).
+        """
+        self.buckets = list(buckets)
+        if not self.buckets:
+            raise ValueError("Engine needs at least one bucket")
+        self.timeout_s = timeout_s
+        self._slot: dict[int, tuple[int, int]] = {}
+        for b, bucket in enumerate(self.buckets):
+            for i, t in enumerate(bucket.tensors):
+                key = id(t)
+                if key in self._slot:
+                    raise ValueError(f"tensor {i} of bucket {bucket.name!r} is also in another bucket")
+                self._slot[key] = (b, i)
+        self._lock = threading.Lock()
+        self._stream = None
+        if any(b.device.type == "cuda" for b in self.buckets):
+            self._stream = torch.cuda.Stream(device=self.buckets[0].device)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._ready = [[False] * len(b) for b in self.buckets]
+        self._missing = [len(b) for b in self.buckets]
+        self._next = 0
+        self._futures: list[tuple[Bucket, concurrent.futures.Future]] = []
+
+    @property
+    def launched(self) -> int:
+        """How many buckets of the current step have been handed to the communication thread."""
+        return self._next
+
+    def mark_ready(self, tensor: torch.Tensor) -> None:
+        """Declare ``tensor`` (one of the buckets' tensors) ready for this step."""
+        slot = self._slot.get(id(tensor))
+        if slot is None:
+            raise KeyError("mark_ready: this tensor is in none of the engine's buckets")
+        self.mark_ready_at(*slot)
+
+    def mark_ready_at(self, bucket_index: int, tensor_index: int) -> None:
+        """Declare tensor ``tensor_index`` of bucket ``bucket_index`` ready for this step."""
+        with self._lock:
+            if self._ready[bucket_index][tensor_index]:
+                bucket = self.buckets[bucket_index]
+                raise EngineError(
+                    f"tensor {tensor_index} of bucket {bucket.name!r} was marked ready twice in one "
+                    f"step; call wait() to end a step before the next one starts"
+                )
+            self._ready[bucket_index][tensor_index] = True
+            self._missing[bucket_index] -= 1
+            while self._next < len(self.buckets) and self._missing[self._next] == 0:
+                self._launch(self.buckets[self._next])
+                self._next += 1
+
+    def _launch(self, bucket: Bucket) -> None:
+        event = None
+        if self._stream is not None:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(bucket.device))
+        future = _comm_thread().submit(self._run, bucket, event)
+        self._futures.append((bucket, future))
+
+    def _run(self, bucket: Bucket, event) -> None:
+        if event is None:
+            bucket.run_ops()
+            return
+        with torch.cuda.stream(self._stream):
+            self._stream.wait_event(event)
+            bucket.run_ops()
+
+    def wait(self) -> None:
+        """End the step: wait for every bucket's ops; raise if a bucket never became ready.
+
+        The engine is ready for the next step afterwards, also after an error.
+        """
+        try:
+            unready = [
+                f"{b.name!r} (tensors {[i for i, ok in enumerate(r) if not ok]})"
+                for b, r in zip(self.buckets, self._ready) if not all(r)
+            ]
+            for bucket, future in self._futures:
+                try:
+                    future.result(timeout=self.timeout_s)
+                except concurrent.futures.TimeoutError:
+                    raise EngineError(
+                        f"bucket {bucket.name!r}: its ops did not finish within {self.timeout_s} s "
+                        f"(ops {bucket.ops}); a peer rank may have died or stopped calling backward"
+                    ) from None
+            if unready:
+                raise EngineError(
+                    "these buckets never became ready, so their ops did not run on this rank: "
+                    + ", ".join(unready)
+                    + ". Every tensor must be marked ready each step (for parameters that get no "
+                    "gradient, mark them anyway, e.g. with find_unused_parameters=True)"
+                )
+            if self._stream is not None:
+                torch.cuda.current_stream(self.buckets[0].device).wait_stream(self._stream)
+        finally:
+            self._reset()

@@ -1,0 +1,291 @@
+"""Process groups: the global group plus intra-node and inter-node subgroups.
+
+``init_process_group()`` reads the environment that torchrun sets (RANK, WORLD_SIZE,
+LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and builds, on top of
+``torch.distributed``:
+
+- the global group (all ranks);
+- one intra-node group per node (the ranks that share a machine);
+- one inter-node group per local rank (rank ``l`` of every node); the one of local
+  rank 0 links the node leaders.
+
+Ranks are assumed laid out as torchrun lays them out: node ``n`` holds ranks
+``n * LOCAL_WORLD_SIZE ... (n + 1) * LOCAL_WORLD_SIZE - 1``.
+
+Example::
+
+    import bagua
+    bagua.init_process_group()          # under torchrun, or alone as a world of one
+    print(bagua.get_rank(), bagua.get_world_size())
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = datetime.timedelta(minutes=10)
+
+
+class NotInitializedError(RuntimeError):
+    """Raised when a communication function is used before ``init_process_group()``."""
+
+
+@dataclass(frozen=True)
+class BaguaProcessGroup:
+    """A set of ranks and the torch.distributed group that links them.
+
+    ``ranks`` are global ranks in group order; ``group`` is the torch group handle
+    (``None`` stands for torch's default group). ``backend`` names what moves the bytes.
+    """
+
+    ranks: tuple[int, ...]
+    group: Optional[dist.ProcessGroup]
+    backend: str
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def rank_of(self, global_rank: int) -> int:
+        """This group's rank of a global rank."""
+        return self.ranks.index(global_rank)
+
+    @property
+    def rank(self) -> int:
+        """The calling process's rank within this group."""
+        return self.rank_of(dist.get_rank())
+
+    def device_types(self) -> frozenset[str]:
+        """Device types whose tensors this group's backend can move."""
+        types = set()
+        for part in self.backend.lower().split(","):
+            name = part.split(":")[-1]
+            if name == "gloo":
+                types.update({"cpu", "cuda"})
+            elif name == "nccl":
+                types.add("cuda")
+            else:
+                types.add(part.split(":")[0] if ":" in part else "cpu")
+        return frozenset(types)
+
+
+@dataclass(frozen=True)
+class _State:
+    global_group: BaguaProcessGroup
+    intra_node_group: BaguaProcessGroup
+    inter_node_group: BaguaProcessGroup
+    local_rank: int
+    local_size: int
+    check_collectives: bool
+
+
+_state: Optional[_State] = None
+
+
+def _env_int(name: str, default: Optional[int]) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        if default is None:
+            raise ValueError(
+                f"environment variable {name} is not set; launch with torchrun "
+                f"(e.g. `torchrun --nproc-per-node 2 train.py`) or set it"
+            )
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _default_backend() -> str:
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        # CPU tensors keep working through Gloo beside NCCL for CUDA tensors.
+        return "cpu:gloo,cuda:nccl"
+    return "gloo"
+
+
+def init_process_group(
+    backend: Optional[str] = None,
+    timeout: datetime.timedelta = DEFAULT_TIMEOUT,
+    check_collectives: Optional[bool] = None,
+) -> None:
+    """Join the job described by torchrun's environment and build Bagua's groups.
+
+    Args:
+        backend: a torch.distributed backend string; default NCCL for CUDA tensors when
+            CUDA is usable (with Gloo beside it for CPU tensors), Gloo otherwise.
+        timeout: how long a collective may wait for its peers before it fails with an
+            error naming the operation.
+        check_collectives: before each public collective, compare shapes, dtypes, ops and
+            roots across ranks and raise a clear error on a mismatch (one small extra
+            message per call). Default: the env ``BAGUA_CHECK_COLLECTIVES`` (``1``/``0``),
+            else on.
+
+    Without torchrun's variables the process forms a world of one (rank 0). Calling it
+    twice is an error.
+
+    Example::
+
+        bagua.init_process_group()                       # torchrun env, NCCL or Gloo
+        bagua.init_process_group(backend="gloo", timeout=datetime.timedelta(seconds=30))
+    """
+    global _state
+    if _state is not None:
+        raise RuntimeError("bagua.init_process_group() was already called in this process")
+    if not isinstance(timeout, datetime.timedelta):
+        raise TypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
+
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0 if world_size == 1 else None)
+    local_size = _env_int("LOCAL_WORLD_SIZE", world_size)
+    local_rank = _env_int("LOCAL_RANK", rank % local_size if local_size > 0 else 0)
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"RANK must be in [0, WORLD_SIZE={world_size}), got {rank}")
+    if local_size < 1 or world_size % local_size != 0:
+        raise ValueError(
+            f"WORLD_SIZE ({world_size}) must be a multiple of LOCAL_WORLD_SIZE ({local_size}): "
+            f"every node must run the same number of processes"
+        )
+    if not 0 <= local_rank < local_size or local_rank != rank % local_size:
+        raise ValueError(
+            f"LOCAL_RANK={local_rank} does not match RANK={rank} with LOCAL_WORLD_SIZE="
+            f"{local_size}; ranks must be laid out node by node as torchrun does"
+        )
+    if world_size == 1:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        if name not in os.environ:
+            raise ValueError(f"environment variable {name} is not set; launch with torchrun or set it")
+
+    if check_collectives is None:
+        check_collectives = os.environ.get("BAGUA_CHECK_COLLECTIVES", "1") not in ("0", "false", "False")
+    backend = backend or _default_backend()
+    if "nccl" in backend and torch.cuda.is_available():
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+    if not dist.is_initialized():
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
+    backend_name = str(dist.get_backend())
+
+    num_nodes = world_size // local_size
+    node = rank // local_size
+    global_group = BaguaProcessGroup(tuple(range(world_size)), None, backend_name)
+
+    if num_nodes == 1:
+        intra = global_group
+        inter = BaguaProcessGroup((rank,), None, backend_name)  # a group of one: no traffic
+    else:
+        # Every rank takes part in creating every group, in the same order.
+        for n in range(num_nodes):
+            ranks = list(range(n * local_size, (n + 1) * local_size))
+            g = BaguaProcessGroup(tuple(ranks), dist.new_group(ranks, timeout=timeout), backend_name)
+            if n == node:
+                intra = g
+        for l in range(local_size):
+            ranks = [n * local_size + l for n in range(num_nodes)]
+            g = BaguaProcessGroup(tuple(ranks), dist.new_group(ranks, timeout=timeout), backend_name)
+            if l == local_rank:
+                inter = g
+    _state = _State(global_group, intra, inter, local_rank, local_size, bool(check_collectives))
+    logger.info(
+        "bagua: rank %d/%d (local %d/%d, node %d/%d), backend %s",
+        rank, world_size, local_rank, local_size, node, num_nodes, backend_name,
+    )
+
+
+def is_initialized() -> bool:
+    """Whether ``init_process_group()`` has run in this process."""
+    return _state is not None
+
+
+def _require_state(what: str = "this call") -> _State:
+    if _state is None:
+        raise NotInitializedError(
+            f"{what} needs the process group: call bagua.init_process_group() first "
+            f"(under torchrun, or alone for a world of one)"
+        )
+    return _state
+
+
+def destroy_process_group() -> None:
+    """Leave the job: tear down every group made by ``init_process_group()``."""
+    global _state
+    if _state is None:
+        return
+    _state = None
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def get_rank() -> int:
+    """This process's global rank."""
+    _require_state("bagua.get_rank()")
+    return dist.get_rank()
+
+
+def get_world_size() -> int:
+    """The number of processes in the job."""
+    _require_state("bagua.get_world_size()")
+    return dist.get_world_size()
+
+
+def get_local_rank() -> int:
+    """This process's rank on its machine."""
+    return _require_state("bagua.get_local_rank()").local_rank
+
+
+def get_local_size() -> int:
+    """The number of processes on each machine."""
+    return _require_state("bagua.get_local_size()").local_size
+
+
+def get_default_group() -> BaguaProcessGroup:
+    """The group of all ranks."""
+    return _require_state("bagua.comm.get_default_group()").global_group
+
+
+def get_intra_node_group() -> BaguaProcessGroup:
+    """The ranks on this process's machine."""
+    return _require_state("bagua.comm.get_intra_node_group()").intra_node_group
+
+
+def get_inter_node_group() -> BaguaProcessGroup:
+    """The ranks with this process's local rank, one per machine (leaders: local rank 0)."""
+    return _require_state("bagua.comm.get_inter_node_group()").inter_node_group
+
+
+def new_group(ranks: list[int]) -> BaguaProcessGroup:
+    """A group of the given global ranks. Every rank must call it, with the same list.
+
+    Example::
+
+        evens = bagua.comm.new_group([0, 2])
+    """
+    state = _require_state("bagua.comm.new_group()")
+    world = dist.get_world_size()
+    ranks = [int(r) for r in ranks]
+    if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < world for r in ranks):
+        raise ValueError(f"ranks must be distinct global ranks in [0, {world}), got {ranks}")
+    if sorted(ranks) == list(range(world)) and ranks == sorted(ranks):
+        return state.global_group
+    return BaguaProcessGroup(tuple(ranks), dist.new_group(ranks), state.global_group.backend)
+
+
+def _collective_checks_enabled() -> bool:
+    return _require_state().check_collectives

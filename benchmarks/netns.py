@@ -1,0 +1,866 @@
+#!/usr/bin/env python3
+"""Run N ranks of a torchrun-style job, each in its own network namespace, over capped links.
+
+Every rank becomes its own "node" (``LOCAL_WORLD_SIZE=1``) in a private network namespace
+with one veth leg; the other legs hang off a Linux bridge in the root namespace. With a rate
+given, a ``tbf`` qdisc caps both directions of every leg (egress inside the namespace, and
+egress of the bridge-side leg towards the namespace), so all rank-to-rank traffic crosses a
+link of that bandwidth. Nothing is routed anywhere else: the bridge has no address, no route,
+NAT or default route is added, and the addresses (a /24 inside 10.213.0.0/16) exist only inside
+the namespaces.
+
+Needs root and iproute2 (``ip``, ``tc``). Standard library only.
+
+CLI::
+
+    python benchmarks/netns.py --ranks 2 --rate 100mbit -- python train.py --epochs 1
+    python benchmarks/netns.py --cleanup          # remove leftovers of killed runs
+
+Python::
+
+    from benchmarks.netns import ShapedNetwork
+    with ShapedNetwork(ranks=2, rate="100mbit") as net:
+        print(net.rank_env(1))
+        rcs = net.run([sys.executable, "train.py"], timeout=300)   # [0, 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import math
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import IO, Mapping, Sequence
+
+__all__ = [
+    "NetnsError",
+    "RankFailedError",
+    "RankTimeoutError",
+    "ShapedNetwork",
+    "Shaping",
+    "cleanup_stale",
+    "format_rate",
+    "parse_rate",
+    "shaping_for",
+    "main",
+]
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "bgn"
+"""Every namespace, bridge and veth this tool creates starts with this."""
+
+IFNAME_IN_NS = "veth0"
+"""Name of the veth leg inside each namespace (unique per namespace, so a fixed name)."""
+
+SUBNET_BASE = "10.213"
+DEFAULT_MASTER_PORT = 29500
+DEFAULT_TIMEOUT = 600.0
+MAX_RANKS = 254  # .1 ... .254 in one /24
+
+_IFNAMSIZ = 15
+_OUTPUT_TAIL_BYTES = 1 << 20  # keep at most the last 1 MiB of each rank's output
+_REPORT_TAIL_LINES = 40
+
+_counter = itertools.count()
+_counter_lock = threading.Lock()
+
+# name = bgn<pid><letter><kind><index>; kind: r = namespace, h = bridge-side veth, br = bridge
+_NAME_RE = re.compile(r"^bgn(?P<pid>\d+)(?P<seq>[a-z])(?P<kind>r|h|br)(?P<idx>\d*)$")
+
+
+class NetnsError(RuntimeError):
+    """Setting up or tearing down the namespaces failed, or the machine can't do it."""
+
+
+class RankFailedError(RuntimeError):
+    """A rank exited non-zero (or, for :class:`RankTimeoutError`, the job ran past its timeout).
+
+    Attributes:
+        rank: the rank that failed first (for a timeout: the first rank still running).
+        returncode: its exit status (negative: killed by that signal; None: still running).
+        returncodes: every rank's exit status after the others were stopped.
+        output: the tail of the failing rank's output (stdout and stderr together).
+        outputs: the tail of every rank's output.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        rank: int,
+        returncode: int | None,
+        returncodes: list[int | None],
+        outputs: list[str],
+    ) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.returncode = returncode
+        self.returncodes = returncodes
+        self.outputs = outputs
+        self.output = outputs[rank] if 0 <= rank < len(outputs) else ""
+
+
+class RankTimeoutError(RankFailedError):
+    """The ranks did not all finish within the timeout; all were killed."""
+
+
+# --------------------------------------------------------------------------------------------
+# rates and shaping parameters
+# --------------------------------------------------------------------------------------------
+
+_RATE_UNITS = {
+    # bits per second (tc's names; SI units are powers of 1000, IEC ones of 1024)
+    "bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
+    "kibit": 1024, "mibit": 1024**2, "gibit": 1024**3, "tibit": 1024**4,
+    # bytes per second
+    "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12,
+    "kibps": 8 * 1024, "mibps": 8 * 1024**2, "gibps": 8 * 1024**3, "tibps": 8 * 1024**4,
+}
+_RATE_RE = re.compile(r"^\s*(?P<num>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[a-z]*)\s*$", re.IGNORECASE)
+
+
+def parse_rate(rate: str | int | float | None) -> int | None:
+    """Parse a tc-style rate into bits per second; ``None``/"none"/"off" mean unshaped.
+
+    Args:
+        rate: e.g. "100mbit", "1gbit", "12.5mbps" (bytes/s), "500kbit"; a bare number or an
+            int/float is bits per second, as in tc.
+    Returns:
+        bits per second (int > 0), or None for no shaping.
+    Raises:
+        ValueError: the string is not a rate.
+
+    Example: ``parse_rate("100mbit") == 100_000_000``
+    """
+    if rate is None:
+        return None
+    if isinstance(rate, (int, float)) and not isinstance(rate, bool):
+        value = float(rate)
+        text = repr(rate)
+    elif isinstance(rate, str):
+        text = rate
+        if rate.strip().lower() in ("none", "off", "unlimited", "no"):
+            return None
+        m = _RATE_RE.match(rate)
+        unit = m.group("unit").lower() if m else ""
+        if not m or (unit and unit not in _RATE_UNITS):
+            raise ValueError(
+                f"rate must be a number with a tc unit ({', '.join(sorted(_RATE_UNITS))}) "
+                f"or 'none', e.g. '100mbit'; got {rate!r}"
+            )
+        value = float(m.group("num")) * _RATE_UNITS[unit or "bit"]
+    else:
+        raise ValueError(f"rate must be a string like '100mbit', a number or None; got {rate!r}")
+    bits = int(round(value))
+    if not math.isfinite(value) or bits < 8000:
+        raise ValueError(f"rate must be at least 8kbit (1000 bytes/s); got {text}")
+    return bits
+
+
+class Shaping:
+    """The tbf parameters applied to each veth leg (both directions) for one rate.
+
+    Attributes:
+        rate_bit: the cap in bits/s.
+        burst_bytes: token bucket size. Must be >= rate/HZ or the cap is not reached on kernels
+            that refill per tick; we take 10 ms worth (rate/100, right even at HZ=100), but at
+            least 16 KiB (>= 10 full-size frames) so small rates still pass whole frames.
+        limit_bytes: queue length in bytes: burst + 100 ms at the rate (at least 64 KiB), so
+            TCP can keep the link busy without building a huge queue.
+    """
+
+    def __init__(self, rate_bit: int) -> None:
+        self.rate_bit = int(rate_bit)
+        rate_bytes = self.rate_bit / 8.0
+        self.burst_bytes = max(int(math.ceil(rate_bytes / 100.0)), 16 * 1024)
+        self.limit_bytes = self.burst_bytes + max(int(rate_bytes * 0.1), 64 * 1024)
+
+    def tc_args(self) -> list[str]:
+        """Arguments after ``tc qdisc add dev X root``."""
+        return [
+            "tbf",
+            "rate", f"{self.rate_bit}bit",
+            "burst", str(self.burst_bytes),
+            "limit", str(self.limit_bytes),
+        ]
+
+    def __repr__(self) -> str:
+        return (
+            f"Shaping(rate={format_rate(self.rate_bit)}, burst={self.burst_bytes}B, "
+            f"limit={self.limit_bytes}B)"
+        )
+
+
+def format_rate(bits: int | None) -> str:
+    """``100000000 -> "100mbit"``; None -> "unlimited"."""
+    if bits is None:
+        return "unlimited"
+    for unit, scale in (("tbit", 10**12), ("gbit", 10**9), ("mbit", 10**6), ("kbit", 10**3)):
+        if bits >= scale and (bits * 1000) % scale == 0:
+            return f"{bits // scale if bits % scale == 0 else bits / scale}{unit}"
+    return f"{bits}bit"
+
+
+def shaping_for(rate: str | int | float | None) -> Shaping | None:
+    """The :class:`Shaping` used for ``rate`` (None when unshaped)."""
+    bits = parse_rate(rate)
+    return None if bits is None else Shaping(bits)
+
+
+# --------------------------------------------------------------------------------------------
+# running ip / tc
+# --------------------------------------------------------------------------------------------
+
+
+def check_requirements() -> None:
+    """Raise :class:`NetnsError` unless we are root and ``ip`` and ``tc`` are installed."""
+    if sys.platform != "linux":
+        raise NetnsError(f"network namespaces need Linux; this is {sys.platform}")
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        raise NetnsError(
+            f"{' and '.join(missing)} not found on PATH; install iproute2 "
+            "(e.g. `apt-get install iproute2`)"
+        )
+    if os.geteuid() != 0:
+        raise NetnsError(
+            f"creating network namespaces needs root (euid is {os.geteuid()}); "
+            "run as root, e.g. with sudo"
+        )
+
+
+def _cmd(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if check and proc.returncode != 0:
+        raise NetnsError(
+            f"`{' '.join(args)}` failed (exit {proc.returncode}): "
+            f"{(proc.stderr or proc.stdout).strip()}"
+        )
+    return proc
+
+
+def _link_exists(name: str) -> bool:
+    return os.path.exists(f"/sys/class/net/{name}")
+
+
+def _list_netns() -> list[str]:
+    out = _cmd("ip", "netns", "list").stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _list_links() -> list[str]:
+    try:
+        return sorted(os.listdir("/sys/class/net"))
+    except OSError:
+        out = _cmd("ip", "-o", "link", "show").stdout
+        return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines()]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _kill_netns_pids(ns: str) -> list[int]:
+    """SIGKILL every process still inside namespace ``ns``; return their pids."""
+    proc = _cmd("ip", "netns", "pids", ns, check=False)
+    pids = [int(tok) for tok in proc.stdout.split() if tok.isdigit()]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def cleanup_stale(include_live: bool = False) -> list[str]:
+    """Remove namespaces, veths and bridges with our prefix left behind by killed runs.
+
+    Processes still running inside such a namespace (ranks orphaned when the launcher was
+    killed) are killed first.
+
+    Args:
+        include_live: also remove those whose creating process is still alive (by default they
+            are left alone, since they belong to a run in progress).
+    Returns:
+        the names removed.
+    """
+    check_requirements()
+    removed: list[str] = []
+    skipped: list[str] = []
+
+    def stale(name: str) -> bool:
+        m = _NAME_RE.match(name)
+        if not m:
+            return False
+        if _pid_alive(int(m.group("pid"))) and not include_live:
+            skipped.append(name)
+            return False
+        return True
+
+    for ns in _list_netns():
+        if stale(ns):
+            pids = _kill_netns_pids(ns)
+            if pids:
+                logger.info("killed %d leftover process(es) in %s: %s", len(pids), ns, pids)
+            _cmd("ip", "netns", "del", ns, check=False)
+            removed.append(ns)
+    # bridge-side veths first (deleting one end removes the pair), then bridges
+    links = _list_links()
+    for kind in ("h", "br"):
+        for link in links:
+            m = _NAME_RE.match(link)
+            if m and m.group("kind") == kind and _link_exists(link) and stale(link):
+                _cmd("ip", "link", "del", link, check=False)
+                removed.append(link)
+    if skipped:
+        logger.warning(
+            "left %d item(s) of runs whose process is still alive (%s); include_live=True "
+            "(CLI: --cleanup --all) removes them too", len(skipped), " ".join(skipped),
+        )
+    return removed
+
+
+# --------------------------------------------------------------------------------------------
+# the network
+# --------------------------------------------------------------------------------------------
+
+
+class _Rank:
+    def __init__(self, index: int, proc: subprocess.Popen, sink: IO[bytes] | None) -> None:
+        self.index = index
+        self.proc = proc
+        self.sink = sink  # temp file holding the output (ranks > 0)
+        self.buffer = bytearray()  # rank 0: tail of its streamed output
+        self.reader: threading.Thread | None = None
+
+    def output(self) -> str:
+        if self.sink is not None:
+            try:
+                self.sink.flush()
+                size = self.sink.seek(0, os.SEEK_END)
+                self.sink.seek(max(0, size - _OUTPUT_TAIL_BYTES))
+                data = self.sink.read()
+            except (OSError, ValueError):
+                data = b""
+        else:
+            data = bytes(self.buffer)
+        return data.decode("utf-8", errors="replace")
+
+
+def _tail(text: str, lines: int = _REPORT_TAIL_LINES) -> list[str]:
+    return text.splitlines()[-lines:]
+
+
+class ShapedNetwork:
+    """N network namespaces on one bridge, each leg capped at ``rate`` in both directions.
+
+    Use it as a context manager: entering builds the namespaces, leaving (also on an exception,
+    Ctrl-C or SIGTERM) tears them down.
+
+    Args:
+        ranks: number of namespaces (= ranks = "nodes"), 1..254.
+        rate: per-link cap, tc syntax ("100mbit", "1gbit", "50mbps"); None or "none": no cap.
+        master_port: MASTER_PORT given to the ranks (each namespace is private, so it is free).
+        subnet: third octet of the 10.213.<subnet>.0/24 used; default: random per invocation.
+
+    Example::
+
+        with ShapedNetwork(ranks=2, rate="100mbit") as net:
+            rcs = net.run([sys.executable, "-c", "import os; print(os.environ['RANK'])"])
+    """
+
+    def __init__(
+        self,
+        ranks: int,
+        rate: str | int | float | None = "100mbit",
+        master_port: int = DEFAULT_MASTER_PORT,
+        subnet: int | None = None,
+    ) -> None:
+        if not isinstance(ranks, int) or isinstance(ranks, bool) or not 1 <= ranks <= MAX_RANKS:
+            raise ValueError(f"ranks must be an int in [1, {MAX_RANKS}], got {ranks!r}")
+        if not isinstance(master_port, int) or not 1 <= master_port <= 65535:
+            raise ValueError(f"master_port must be in [1, 65535], got {master_port!r}")
+        if subnet is not None and not (isinstance(subnet, int) and 0 <= subnet <= 255):
+            raise ValueError(f"subnet must be an int in [0, 255] or None, got {subnet!r}")
+        self.ranks = ranks
+        self.rate_bit = parse_rate(rate)
+        self.shaping = None if self.rate_bit is None else Shaping(self.rate_bit)
+        self.master_port = master_port
+        self.subnet = random.SystemRandom().randrange(256) if subnet is None else subnet
+
+        # bgn<pid><letter>: the letter tells apart networks made by one process; skip one
+        # whose bridge still exists (a network of ours that is alive or was not torn down).
+        with _counter_lock:
+            for _ in range(26):
+                letter = chr(ord("a") + next(_counter) % 26)
+                self.prefix = f"{PREFIX}{os.getpid()}{letter}"
+                if not _link_exists(f"{self.prefix}br"):
+                    break
+        self.namespaces = [f"{self.prefix}r{i}" for i in range(ranks)]
+        self.host_legs = [f"{self.prefix}h{i}" for i in range(ranks)]
+        self.bridge = f"{self.prefix}br"
+        for name in self.host_legs + [self.bridge]:
+            if len(name) > _IFNAMSIZ:  # cannot happen for pid <= 2**22 and ranks <= 254
+                raise NetnsError(f"interface name {name!r} is longer than {_IFNAMSIZ} characters")
+        self.addresses = [f"{SUBNET_BASE}.{self.subnet}.{i + 1}" for i in range(ranks)]
+        self.outputs: list[str] = []
+        self.returncodes: list[int | None] = []
+        self._up = False
+        self._old_handlers: dict[int, object] = {}
+
+    # ---- setup / teardown ------------------------------------------------------------------
+
+    def __enter__(self) -> "ShapedNetwork":
+        self._install_signal_handlers()
+        try:
+            self.setup()
+        except BaseException:
+            self.teardown()
+            self._restore_signal_handlers()
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.teardown(raise_on_leftovers=exc_type is None)
+        finally:
+            self._restore_signal_handlers()
+
+    def setup(self) -> None:
+        """Create the bridge, namespaces, veth pairs, addresses and qdiscs."""
+        check_requirements()
+        self._up = True  # from here on, teardown() has something to do
+        logger.info(
+            "creating %d namespaces %s..%s on bridge %s, 10.213.%d.0/24, rate %s",
+            self.ranks, self.namespaces[0], self.namespaces[-1], self.bridge, self.subnet,
+            self.shaping or "unlimited",
+        )
+        ip = lambda *a: _cmd("ip", *a)  # noqa: E731
+
+        ip("link", "add", "name", self.bridge, "type", "bridge", "stp_state", "0")
+        # No IPv6 link-local (nor any other) address on root-namespace devices.
+        ip("link", "set", "dev", self.bridge, "addrgenmode", "none")
+        # Keep the host's iptables (e.g. a FORWARD DROP policy) out of our bridged traffic.
+        proc = _cmd(
+            "ip", "link", "set", "dev", self.bridge, "type", "bridge",
+            "nf_call_iptables", "0", "nf_call_ip6tables", "0", "nf_call_arptables", "0",
+            check=False,
+        )
+        if proc.returncode != 0:
+            logger.warning(
+                "could not turn off netfilter on bridge %s (%s); bridged traffic goes through "
+                "the host's iptables FORWARD rules", self.bridge, proc.stderr.strip(),
+            )
+        ip("link", "set", "dev", self.bridge, "up")
+
+        for i, (ns, leg) in enumerate(zip(self.namespaces, self.host_legs)):
+            ip("netns", "add", ns)
+            ip("-n", ns, "link", "set", "dev", "lo", "up")
+            ip("link", "add", "name", leg, "type", "veth",
+               "peer", "name", IFNAME_IN_NS, "netns", ns)
+            ip("link", "set", "dev", leg, "addrgenmode", "none")
+            ip("link", "set", "dev", leg, "master", self.bridge)
+            ip("-n", ns, "link", "set", "dev", IFNAME_IN_NS, "addrgenmode", "none")
+            ip("-n", ns, "addr", "add", f"{self.addresses[i]}/24", "dev", IFNAME_IN_NS)
+            if self.shaping is not None:
+                args = self.shaping.tc_args()
+                # namespace -> bridge
+                _cmd("tc", "-n", ns, "qdisc", "add", "dev", IFNAME_IN_NS, "root", *args)
+                # bridge -> namespace
+                _cmd("tc", "qdisc", "add", "dev", leg, "root", *args)
+            ip("link", "set", "dev", leg, "up")
+            ip("-n", ns, "link", "set", "dev", IFNAME_IN_NS, "up")
+
+    def teardown(self, raise_on_leftovers: bool = False) -> None:
+        """Delete everything :meth:`setup` created; safe to call twice or after a failed setup.
+
+        Ctrl-C and SIGTERM are held back until it is done.
+        """
+        if not self._up:
+            return
+        blocked = {signal.SIGINT, signal.SIGTERM}
+        try:
+            old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+        except (AttributeError, ValueError, OSError):
+            old_mask = None
+        try:
+            problems: list[str] = []
+            existing_ns = set(_list_netns())
+            for ns in self.namespaces:
+                if ns in existing_ns:
+                    # processes that escaped the ranks' process groups (e.g. via setsid)
+                    stray = _kill_netns_pids(ns)
+                    if stray:
+                        logger.warning("killed %d stray process(es) left in %s: %s",
+                                       len(stray), ns, stray)
+                    proc = _cmd("ip", "netns", "del", ns, check=False)
+                    if proc.returncode != 0:
+                        problems.append(f"ip netns del {ns}: {proc.stderr.strip()}")
+            # Deleting the namespace removes its veth pair unless a process still holds the
+            # namespace open; delete the bridge-side end explicitly in that case.
+            for leg in self.host_legs:
+                if _link_exists(leg):
+                    proc = _cmd("ip", "link", "del", leg, check=False)
+                    if proc.returncode != 0 and _link_exists(leg):
+                        problems.append(f"ip link del {leg}: {proc.stderr.strip()}")
+            if _link_exists(self.bridge):
+                proc = _cmd("ip", "link", "del", self.bridge, check=False)
+                if proc.returncode != 0:
+                    problems.append(f"ip link del {self.bridge}: {proc.stderr.strip()}")
+            self._up = False
+            leftovers = [ns for ns in self.namespaces if ns in set(_list_netns())]
+            leftovers += [n for n in self.host_legs + [self.bridge] if _link_exists(n)]
+            if problems or leftovers:
+                msg = (
+                    f"teardown of {self.prefix}* incomplete: {'; '.join(problems)} "
+                    f"leftovers: {leftovers}; remove them with "
+                    f"`python benchmarks/netns.py --cleanup --all`"
+                )
+                if raise_on_leftovers:
+                    raise NetnsError(msg)
+                logger.warning(msg)
+        finally:
+            if old_mask is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def on_signal(signum, frame):  # turn SIGTERM/SIGHUP into an exception -> finally runs
+            raise SystemExit(128 + signum)
+
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            try:
+                if signal.getsignal(sig) in (signal.SIG_DFL, None):
+                    self._old_handlers[sig] = signal.signal(sig, on_signal)
+            except (ValueError, OSError):
+                pass
+
+    def _restore_signal_handlers(self) -> None:
+        for sig, handler in self._old_handlers.items():
+            try:
+                signal.signal(sig, handler)
+            except (ValueError, OSError, TypeError):
+                pass
+        self._old_handlers.clear()
+
+    # ---- ranks -----------------------------------------------------------------------------
+
+    def rank_env(self, rank: int) -> dict[str, str]:
+        """The variables set for ``rank`` on top of the inherited environment.
+
+        Example: ``net.rank_env(1)["MASTER_ADDR"] == net.addresses[0]``
+        """
+        if not 0 <= rank < self.ranks:
+            raise ValueError(f"rank must be in [0, {self.ranks}), got {rank}")
+        return {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(self.ranks),
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+            "GROUP_RANK": str(rank),
+            "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(self.ranks),
+            "MASTER_ADDR": self.addresses[0],
+            "MASTER_PORT": str(self.master_port),
+            "GLOO_SOCKET_IFNAME": IFNAME_IN_NS,
+            "TP_SOCKET_IFNAME": IFNAME_IN_NS,
+            "NCCL_SOCKET_IFNAME": IFNAME_IN_NS,
+        }
+
+    def rank_argv(self, rank: int, cmd: Sequence[str]) -> list[str]:
+        """The full command line that starts ``cmd`` as ``rank`` inside its namespace."""
+        env = [f"{k}={v}" for k, v in self.rank_env(rank).items()]
+        return ["ip", "netns", "exec", self.namespaces[rank], "env", *env, *cmd]
+
+    def run(
+        self,
+        cmd: Sequence[str],
+        timeout: float = DEFAULT_TIMEOUT,
+        check: bool = True,
+        stream: IO[str] | None = None,
+        echo: bool = True,
+        env: Mapping[str, str] | None = None,
+    ) -> list[int | None]:
+        """Start ``cmd`` once per namespace and wait for all ranks.
+
+        Rank 0's output (stdout and stderr) is streamed to ``stream`` (default ``sys.stdout``);
+        the others' output is kept and shown only when one fails. As soon as a rank fails, or
+        ``timeout`` passes, every rank's process group is killed. After the call,
+        ``self.outputs`` holds the tail of each rank's output and ``self.returncodes`` their
+        exit statuses.
+
+        Args:
+            cmd: the program and its arguments (no shell).
+            timeout: seconds for the whole job.
+            check: raise on failure (default); with False, return the exit statuses anyway
+                (None for a rank that was still running at the timeout).
+            stream: where rank 0's output goes.
+            echo: False: don't stream rank 0's output anywhere (it is still kept).
+            env: base environment (default: this process's, i.e. PATH, PYTHONPATH,
+                VIRTUAL_ENV... pass through); the rank variables are added on top.
+        Returns:
+            the exit status of each rank (all 0 when check=True).
+        Raises:
+            RankFailedError: a rank exited non-zero; RankTimeoutError: the timeout passed.
+        """
+        if not self._up:
+            raise NetnsError("the network is not set up; use `with ShapedNetwork(...) as net:`")
+        if not cmd:
+            raise ValueError("cmd must name a program, got an empty command")
+        cmd = [str(c) for c in cmd]
+        base_env = dict(os.environ if env is None else env)
+        out = stream if stream is not None else sys.stdout
+        ranks: list[_Rank] = []
+        deadline = time.monotonic() + timeout
+        failed: _Rank | None = None
+        timed_out = False
+        try:
+            for i in range(self.ranks):
+                if i == 0:
+                    proc = subprocess.Popen(
+                        self.rank_argv(i, cmd), env=base_env, stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                    r = _Rank(i, proc, None)
+                    r.reader = threading.Thread(
+                        target=self._pump, args=(r, out if echo else None), daemon=True
+                    )
+                    r.reader.start()
+                else:
+                    sink = tempfile.TemporaryFile(prefix=f"{self.prefix}r{i}-")
+                    proc = subprocess.Popen(
+                        self.rank_argv(i, cmd), env=base_env, stdin=subprocess.DEVNULL,
+                        stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+                    )
+                    r = _Rank(i, proc, sink)
+                ranks.append(r)
+
+            while True:
+                running = 0
+                for r in ranks:
+                    rc = r.proc.poll()
+                    if rc is None:
+                        running += 1
+                    elif rc != 0 and failed is None:
+                        failed = r
+                if failed is not None or running == 0:
+                    break
+                if time.monotonic() >= deadline:
+                    timed_out = True
+                    break
+                time.sleep(0.02)
+        finally:
+            # On success this only reaps stray children that a rank left behind.
+            survivors = self._stop(ranks)
+            self.returncodes = [r.proc.returncode for r in ranks]
+            self.outputs = [r.output() for r in ranks]
+            for r in ranks:
+                if r.sink is not None:
+                    r.sink.close()
+
+        if timed_out:
+            hung = survivors or [r.index for r in ranks if r.proc.returncode != 0]
+            first = hung[0] if hung else 0
+            msg = self._report(
+                f"timeout after {timeout:g} s: rank(s) {hung} still running; all ranks killed",
+                hung,
+            )
+            if check:
+                raise RankTimeoutError(msg, first, None, self.returncodes, self.outputs)
+            logger.error(msg)
+            for i in hung:
+                self.returncodes[i] = None
+        elif failed is not None:
+            msg = self._report(
+                f"rank {failed.index} failed with exit code {failed.proc.returncode}; "
+                f"the other ranks were stopped",
+                [failed.index],
+            )
+            if check:
+                raise RankFailedError(
+                    msg, failed.index, failed.proc.returncode, self.returncodes, self.outputs
+                )
+            logger.error(msg)
+        return list(self.returncodes)
+
+    @staticmethod
+    def _pump(r: _Rank, out: IO[str] | None) -> None:
+        assert r.proc.stdout is not None
+        for line in iter(r.proc.stdout.readline, b""):
+            r.buffer += line
+            if len(r.buffer) > _OUTPUT_TAIL_BYTES:
+                del r.buffer[: len(r.buffer) - _OUTPUT_TAIL_BYTES]
+            if out is not None:
+                try:
+                    out.write(line.decode("utf-8", errors="replace"))
+                    out.flush()
+                except (OSError, ValueError):
+                    out = None
+        r.proc.stdout.close()
+
+    @staticmethod
+    def _stop(ranks: list[_Rank], grace: float = 2.0) -> list[int]:
+        """Kill every rank's process group; return the ranks that were still running."""
+        survivors = [r.index for r in ranks if r.proc.poll() is None]
+
+        def killpg(r: _Rank, sig: int) -> None:
+            try:
+                os.killpg(r.proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+        for r in ranks:
+            if r.proc.poll() is None:
+                killpg(r, signal.SIGTERM)
+        end = time.monotonic() + grace
+        while time.monotonic() < end and any(r.proc.poll() is None for r in ranks):
+            time.sleep(0.02)
+        for r in ranks:
+            killpg(r, signal.SIGKILL)  # also takes down children left in the group
+        for r in ranks:
+            try:
+                r.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                logger.warning("rank %d (pid %d) did not die after SIGKILL", r.index, r.proc.pid)
+            if r.reader is not None:
+                r.reader.join(timeout=5)
+        return survivors
+
+    def _report(self, headline: str, ranks: Sequence[int]) -> str:
+        """``headline`` plus the output tail of each of ``ranks``, lines prefixed [rank i]."""
+        lines = [headline]
+        for i in ranks:
+            if i >= len(self.outputs):
+                continue
+            lines.append(f"--- rank {i} ({self.namespaces[i]}), exit {self.returncodes[i]}, "
+                         f"last {_REPORT_TAIL_LINES} lines of output ---")
+            tail = _tail(self.outputs[i])
+            lines.extend(f"[rank {i}] {line}" for line in tail)
+            if not tail:
+                lines.append(f"[rank {i}] (no output)")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (
+            f"ShapedNetwork(ranks={self.ranks}, rate={self.shaping or 'none'}, "
+            f"prefix={self.prefix!r}, subnet=10.213.{self.subnet}.0/24)"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="netns.py",
+        description=(
+            "Run N ranks of a torchrun-style job, each in its own network namespace, joined by "
+            "a bridge with every link capped at --rate in both directions. Needs root and "
+            "iproute2."
+        ),
+        epilog=(
+            "example: python benchmarks/netns.py --ranks 2 --rate 100mbit -- "
+            "python train.py --epochs 1"
+        ),
+    )
+    p.add_argument("--ranks", type=int, default=2, help="number of ranks/namespaces (default 2)")
+    p.add_argument(
+        "--rate", default="100mbit",
+        help="per-link cap in tc syntax (100mbit, 1gbit, 12.5mbps) or 'none' (default 100mbit)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=DEFAULT_TIMEOUT,
+        help=f"seconds for the whole job (default {DEFAULT_TIMEOUT:g})",
+    )
+    p.add_argument(
+        "--master-port", type=int, default=DEFAULT_MASTER_PORT,
+        help=f"MASTER_PORT (default {DEFAULT_MASTER_PORT})",
+    )
+    p.add_argument(
+        "--cleanup", action="store_true",
+        help=f"remove leftovers named {PREFIX}* from killed runs (of dead processes) and exit",
+    )
+    p.add_argument(
+        "--all", action="store_true",
+        help="with --cleanup: also remove those of runs whose process is still alive",
+    )
+    p.add_argument("--print-env", action="store_true", help="print each rank's variables first")
+    p.add_argument("-v", "--verbose", action="store_true", help="log what is set up")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit status (the failing rank's, 124 on timeout)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" in argv:
+        split = argv.index("--")
+        own, cmd = argv[:split], argv[split + 1:]
+    else:
+        own, cmd = argv, []
+    parser = _parser()
+    args = parser.parse_args(own)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="netns: %(levelname)s %(message)s",
+    )
+    try:
+        if args.cleanup:
+            removed = cleanup_stale(include_live=args.all)
+            print(f"removed {len(removed)}: {' '.join(removed)}" if removed else "nothing to remove")
+            return 0
+        if not cmd:
+            parser.error("give the command after --, e.g. -- python train.py")
+        try:
+            parse_rate(args.rate)
+        except ValueError as e:
+            parser.error(str(e))
+        with ShapedNetwork(args.ranks, args.rate, master_port=args.master_port) as net:
+            print(
+                f"netns: {net.ranks} ranks, rate {net.shaping or 'unlimited'}, "
+                f"10.213.{net.subnet}.0/24, prefix {net.prefix}",
+                file=sys.stderr, flush=True,
+            )
+            if args.print_env:
+                for i in range(net.ranks):
+                    env = " ".join(f"{k}={v}" for k, v in net.rank_env(i).items())
+                    print(f"[rank {i}] {net.namespaces[i]}: {env}", file=sys.stderr)
+            net.run(cmd, timeout=args.timeout)
+        return 0
+    except RankTimeoutError as e:
+        print(f"netns: {e}", file=sys.stderr)
+        return 124
+    except RankFailedError as e:
+        print(f"netns: {e}", file=sys.stderr)
+        rc = e.returncode
+        return rc if isinstance(rc, int) and 0 < rc < 256 else 1
+    except (NetnsError, ValueError) as e:
+        print(f"netns: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("netns: interrupted; ranks killed and namespaces removed", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

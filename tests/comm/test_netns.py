@@ -1,0 +1,243 @@
+"""Tests for benchmarks/netns.py: ranks in network namespaces over bandwidth-capped links.
+
+Real namespaces, veths, bridge and tbf qdiscs; needs root and iproute2, skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks.netns import (
+    PREFIX,
+    RankFailedError,
+    RankTimeoutError,
+    ShapedNetwork,
+    parse_rate,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+def _netns_unavailable() -> str:
+    """Why namespaces can't be made here ("" when they can)."""
+    if sys.platform != "linux":
+        return f"network namespaces need Linux, this is {sys.platform}"
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        return f"{' and '.join(missing)} not found; install iproute2"
+    if os.geteuid() != 0:
+        return f"creating network namespaces needs root (euid {os.geteuid()})"
+    return ""
+
+
+needs_netns = pytest.mark.skipif(bool(_netns_unavailable()), reason=_netns_unavailable())
+
+PAYLOAD = 2_500_000  # bytes rank 1 sends to rank 0
+
+# Rank 0 listens on MASTER_ADDR:MASTER_PORT and times PAYLOAD bytes from rank 1.
+TCP_SCRIPT = textwrap.dedent(
+    f"""
+    import os, socket, sys, time
+    rank = int(os.environ["RANK"])
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    n = {PAYLOAD}
+    if rank == 0:
+        srv = socket.socket()
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind((addr, port))
+        srv.listen(1)
+        conn, peer = srv.accept()
+        got = 0
+        buf = bytearray(1 << 16)
+        t0 = None
+        while True:
+            k = conn.recv_into(buf)
+            if not k:
+                break
+            if t0 is None:
+                t0 = time.perf_counter()
+            got += k
+        dt = time.perf_counter() - t0
+        conn.sendall(b"ok")
+        conn.close()
+        assert got == n, (got, n)
+        print(f"RECEIVED {{got}} bytes in {{dt:.4f}} s from {{peer[0]}}", flush=True)
+        print(f"BITS_PER_S {{got * 8 / dt:.1f}}", flush=True)
+    else:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                s = socket.create_connection((addr, port), timeout=5)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        s.sendall(b"x" * n)
+        s.shutdown(socket.SHUT_WR)
+        assert s.recv(2) == b"ok"
+        s.close()
+    """
+)
+
+GLOO_SCRIPT = textwrap.dedent(
+    """
+    import os, torch, torch.distributed as dist
+    dist.init_process_group("gloo")  # env:// from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT
+    rank, world = dist.get_rank(), dist.get_world_size()
+    assert world == int(os.environ["WORLD_SIZE"]) and rank == int(os.environ["RANK"])
+    t = torch.full((1000,), float(rank + 1))
+    dist.all_reduce(t)
+    expected = world * (world + 1) / 2
+    assert torch.all(t == expected), (t[:4], expected)
+    print(f"ALLREDUCE_OK rank={rank} sum={t[0].item()}", flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
+def _ours(net: ShapedNetwork) -> tuple[list[str], list[str]]:
+    """Namespaces and links of ``net`` that still exist."""
+    ns_out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    link_out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    ns = [line.split()[0] for line in ns_out.splitlines() if line.startswith(net.prefix)]
+    links = [
+        line.split(":")[1].strip().split("@")[0]
+        for line in link_out.splitlines()
+        if line.split(":")[1].strip().startswith(net.prefix)
+    ]
+    return ns, links
+
+
+def _measure(rate: str) -> float:
+    with ShapedNetwork(ranks=2, rate=rate) as net:
+        net.run([sys.executable, "-c", TCP_SCRIPT], timeout=30, echo=False)
+        out = net.outputs[0]
+    assert _ours(net) == ([], [])
+    lines = [line for line in out.splitlines() if line.startswith("BITS_PER_S")]
+    assert lines, out
+    assert f"from {net.addresses[1]}" in out, out  # came over the veth from rank 1's namespace
+    return float(lines[0].split()[1])
+
+
+def test_parse_rate_rejects_garbage():
+    assert parse_rate("100mbit") == 100_000_000
+    assert parse_rate("12.5mbps") == 100_000_000
+    assert parse_rate("none") is None
+    for bad in ("fast", "10 parsecs", "-1mbit", "0", ""):
+        with pytest.raises(ValueError, match="rate"):
+            parse_rate(bad)
+
+
+@needs_netns
+@pytest.mark.timeout(60)
+def test_tcp_throughput_is_capped():
+    cap = parse_rate("20mbit")
+    capped = _measure("20mbit")
+    print(f"20mbit cap: measured {capped / 1e6:.2f} Mbit/s ({capped / cap:.2f}x cap)")
+    assert 0.5 * cap <= capped <= 1.15 * cap, f"{capped / 1e6:.2f} Mbit/s vs cap 20 Mbit/s"
+
+    free = _measure("none")
+    print(f"no cap: measured {free / 1e6:.1f} Mbit/s")
+    assert free > 5 * cap, f"uncapped {free / 1e6:.1f} Mbit/s should be far above 20 Mbit/s"
+
+
+@needs_netns
+@pytest.mark.timeout(60)
+def test_failing_rank_is_reported_and_namespaces_removed():
+    script = (
+        "import os, sys, time\n"
+        "r = int(os.environ['RANK'])\n"
+        "print('starting rank', r, flush=True)\n"
+        "if r == 1:\n"
+        "    print('rank one is about to fail', flush=True); sys.exit(3)\n"
+        "time.sleep(30)\n"
+    )
+    net = ShapedNetwork(ranks=2, rate="100mbit")
+    t0 = time.monotonic()
+    with pytest.raises(RankFailedError) as info:
+        with net:
+            assert sorted(_ours(net)[0]) == sorted(net.namespaces)
+            net.run([sys.executable, "-c", script], timeout=30, echo=False)
+    assert time.monotonic() - t0 < 20  # rank 0 was killed, not waited for
+    err = info.value
+    assert not isinstance(err, RankTimeoutError)
+    assert err.rank == 1 and err.returncode == 3
+    assert "rank 1 failed with exit code 3" in str(err)
+    assert "[rank 1] rank one is about to fail" in str(err)
+    assert "rank one is about to fail" in err.output
+    assert err.returncodes[0] != 0  # rank 0 was killed
+    assert _ours(net) == ([], [])
+
+
+@needs_netns
+@pytest.mark.timeout(60)
+def test_hanging_rank_times_out_and_is_killed(tmp_path):
+    pidfile = tmp_path / "pid"
+    script = (
+        "import os, sys, time\n"
+        "if os.environ['RANK'] == '1':\n"
+        f"    open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
+        "    print('rank 1 hangs', flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    net = ShapedNetwork(ranks=2, rate="none")
+    t0 = time.monotonic()
+    with pytest.raises(RankTimeoutError) as info:
+        with net:
+            net.run([sys.executable, "-c", script], timeout=3, echo=False)
+    assert time.monotonic() - t0 < 15
+    err = info.value
+    assert err.rank == 1 and "timeout after 3 s" in str(err) and "[rank 1] rank 1 hangs" in str(err)
+    assert err.returncodes[0] == 0
+    pid = int(pidfile.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert _ours(net) == ([], [])
+
+
+@needs_netns
+@pytest.mark.timeout(90)
+def test_gloo_allreduce_across_namespaces():
+    with ShapedNetwork(ranks=2, rate="200mbit") as net:
+        env = net.rank_env(1)
+        assert env["MASTER_ADDR"] == net.addresses[0] and env["LOCAL_WORLD_SIZE"] == "1"
+        assert env["GLOO_SOCKET_IFNAME"] == "veth0" and env["RANK"] == "1"
+        rcs = net.run([sys.executable, "-c", GLOO_SCRIPT], timeout=60, echo=False)
+        assert rcs == [0, 0]
+        assert "ALLREDUCE_OK rank=0 sum=3.0" in net.outputs[0], net.outputs[0]
+        assert "ALLREDUCE_OK rank=1 sum=3.0" in net.outputs[1], net.outputs[1]
+    assert _ours(net) == ([], [])
+
+
+@needs_netns
+@pytest.mark.timeout(60)
+def test_cli_streams_rank0_and_propagates_exit_code():
+    script = (
+        "import os, sys\n"
+        "r = os.environ['RANK']\n"
+        "print('hello from rank', r, os.environ['MASTER_ADDR'], flush=True)\n"
+        "sys.exit(5 if r == '2' else 0)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "benchmarks" / "netns.py"), "--ranks", "3", "--rate", "none",
+         "--timeout", "30", "--", sys.executable, "-c", script],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    )
+    stdout, stderr = proc.communicate(timeout=50)
+    assert proc.returncode == 5, (stdout, stderr)
+    assert "hello from rank 0 10.213." in stdout
+    assert "[rank 2] hello from rank 2" in stderr
+    assert "rank 2 failed with exit code 5" in stderr
+    assert "[rank 1]" not in stderr  # a successful rank's output stays quiet
+    prefix = f"{PREFIX}{proc.pid}a"
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    assert prefix not in namespaces and prefix not in links

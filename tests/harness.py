@@ -1,0 +1,160 @@
+"""Spawn N real ranks (Gloo on CPU) for a test, with a free port and a deadline.
+
+``run_ranks(fn, world_size, *args)`` starts ``world_size`` processes, each with
+torchrun's environment, calls ``bagua.init_process_group()`` in each, then
+``fn(rank, *args)``, and returns the results in rank order. A rank that raises fails
+the test with its traceback; ranks that do not finish by ``timeout`` are killed and
+the test fails naming them, so a hang can never block the suite.
+
+Processes come from a forkserver that has torch and bagua preloaded: fast to start,
+and safe (no fork of a process that already ran torch's thread pools).
+
+``fn`` must be a module-level function (it is pickled by reference).
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import queue
+import socket
+import time
+import traceback
+from typing import Any, Callable, Optional
+
+_ctx = mp.get_context("forkserver")
+_ctx.set_forkserver_preload(["torch", "bagua"])
+
+
+class RankFailure(AssertionError):
+    """One or more ranks raised or hung."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(fn, rank, world_size, local_world_size, port, args, results, init_kwargs, comm_timeout_s):
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank % local_world_size),
+        LOCAL_WORLD_SIZE=str(local_world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        import bagua
+
+        if init_kwargs is not None:
+            bagua.init_process_group(timeout=datetime.timedelta(seconds=comm_timeout_s), **init_kwargs)
+        result = fn(rank, *args)
+        results.put(("ok", rank, result))
+    except BaseException:  # report everything, including SystemExit from inside fn
+        results.put(("error", rank, traceback.format_exc()))
+    finally:
+        try:
+            import bagua
+
+            if bagua.is_initialized():
+                bagua.destroy_process_group()
+        except Exception:
+            pass
+
+
+def _launch(fn, world_size, args, timeout, local_world_size, init_kwargs, init, comm_timeout_s):
+    """Run the ranks; return ({rank: (status, payload)}, [ranks that never reported], procs)."""
+    local_world_size = local_world_size or world_size
+    port = free_port()
+    results = _ctx.Queue()
+    kwargs = (init_kwargs or {}) if init else None
+    procs = [
+        _ctx.Process(
+            target=_child,
+            args=(fn, r, world_size, local_world_size, port, args, results, kwargs, comm_timeout_s),
+            daemon=True,
+        )
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    outcomes: dict[int, tuple[str, Any]] = {}
+    deadline = time.monotonic() + timeout
+    first_error_at: Optional[float] = None
+    try:
+        while len(outcomes) < world_size:
+            now = time.monotonic()
+            # After one rank fails, give the others a moment to report, then stop waiting.
+            limit = deadline if first_error_at is None else min(deadline, first_error_at + 15.0)
+            if now >= limit:
+                break
+            try:
+                status, rank, payload = results.get(timeout=min(0.5, limit - now))
+            except queue.Empty:
+                if all(not p.is_alive() for p in procs) and results.empty():
+                    break
+                continue
+            outcomes[rank] = (status, payload)
+            if status == "error" and first_error_at is None:
+                first_error_at = time.monotonic()
+    finally:
+        for p in procs:
+            p.join(timeout=1.0 if len(outcomes) == world_size else 0)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+    missing = [r for r in range(world_size) if r not in outcomes]
+    return outcomes, missing, procs
+
+
+def run_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float = 90.0,
+    local_world_size: Optional[int] = None,
+    init_kwargs: Optional[dict] = None,
+    init: bool = True,
+    comm_timeout_s: float = 60.0,
+) -> list[Any]:
+    """Run ``fn(rank, *args)`` on ``world_size`` real ranks; return the results by rank.
+
+    Args:
+        timeout: seconds for the whole job; ranks still running then are killed.
+        local_world_size: ranks per simulated node (default: all on one node).
+        init_kwargs: extra keyword arguments for ``bagua.init_process_group``.
+        init: False to leave ``init_process_group`` to ``fn``.
+        comm_timeout_s: the process group's collective timeout.
+    """
+    outcomes, missing, procs = _launch(fn, world_size, args, timeout, local_world_size, init_kwargs, init, comm_timeout_s)
+    errors = {r: tb for r, (status, tb) in sorted(outcomes.items()) if status == "error"}
+    if errors or missing:
+        parts = [f"rank {r} raised:\n{tb}" for r, tb in errors.items()]
+        if missing:
+            codes = {r: procs[r].exitcode for r in missing}
+            parts.append(f"ranks {missing} did not finish within {timeout:.0f} s or died (killed; exit codes {codes})")
+        raise RankFailure("\n".join(parts))
+    return [outcomes[r][1] for r in range(world_size)]
+
+
+def run_ranks_expect_errors(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 90.0, **kwargs: Any
+) -> dict[int, str]:
+    """For a job meant to fail: every rank must raise (none may hang); return {rank: traceback}."""
+    outcomes, missing, _ = _launch(
+        fn, world_size, args, timeout, kwargs.get("local_world_size"), kwargs.get("init_kwargs"),
+        kwargs.get("init", True), kwargs.get("comm_timeout_s", 60.0),
+    )
+    if missing:
+        raise RankFailure(f"ranks {missing} hung or died instead of raising")
+    ok = [r for r, (status, _) in outcomes.items() if status == "ok"]
+    if ok:
+        raise RankFailure(f"ranks {ok} succeeded; expected every rank to raise")
+    return {r: tb for r, (_, tb) in sorted(outcomes.items())}
