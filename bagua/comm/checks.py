@@ -96,6 +96,8 @@ def _explain(table: list[list[int]], pg: BaguaProcessGroup) -> Optional[str]:
     if len({row[4] for row in table}) > 1:
         return "ranks passed different ops (" + who(lambda r: r[4]) + ")"
     if len({row[5] for row in table}) > 1:
+        if kind == "compressed_allreduce":  # the root slot carries the codec's fingerprint
+            return "ranks passed different compression codecs (or codec settings)"
         return "ranks passed different src/dst ranks (" + who(lambda r: r[5]) + ")"
     if kind == "alltoall_v":
         w = pg.size
@@ -125,7 +127,8 @@ def check_agreement(
 ) -> None:
     """Compare this call's signature with every rank's; raise the same ValueError everywhere on a mismatch.
 
-    ``splits`` (alltoall_v only) is ``input_splits + output_splits``.
+    ``splits`` (alltoall_v only) is ``input_splits + output_splits``; ``root`` carries the
+    src/dst rank, or for a compressed allreduce a fingerprint of the codec.
     """
     width = _HEADER + 2 * pg.size
     row = _row(kind, tensor, op, root, splits, width)

@@ -1,0 +1,88 @@
+"""init_process_group: ranks, sizes, and the intra-/inter-node groups (two nodes simulated)."""
+
+import torch
+
+import bagua
+from tests.harness import run_ranks
+
+
+def _layout(rank: int) -> dict:
+    comm = bagua.comm
+    intra, inter = comm.get_intra_node_group(), comm.get_inter_node_group()
+    # A hierarchical allreduce by hand: reduce in the node, allreduce among leaders, broadcast.
+    t = torch.full((5,), float(rank + 1))
+    comm.reduce(t, dst=intra.ranks[0], group=intra)
+    if bagua.get_local_rank() == 0:
+        comm.allreduce(t, group=inter)
+    comm.broadcast(t, src=intra.ranks[0], group=intra)
+    node_sum = torch.full((1,), float(rank))
+    comm.allreduce(node_sum, group=intra)
+    return {
+        "rank": bagua.get_rank(), "world": bagua.get_world_size(),
+        "local_rank": bagua.get_local_rank(), "local_size": bagua.get_local_size(),
+        "intra": intra.ranks, "inter": inter.ranks, "intra_rank": intra.rank,
+        "hier": t.tolist(), "node_sum": node_sum.item(),
+    }
+
+
+def test_two_simulated_nodes_get_intra_and_inter_node_groups():
+    results = run_ranks(_layout, 4, local_world_size=2)
+    for rank, r in enumerate(results):
+        node = rank // 2
+        assert (r["rank"], r["world"], r["local_rank"], r["local_size"]) == (rank, 4, rank % 2, 2)
+        assert r["intra"] == (2 * node, 2 * node + 1)
+        assert r["inter"] == (rank % 2, rank % 2 + 2)
+        assert r["intra_rank"] == rank % 2
+        assert r["hier"] == [10.0] * 5  # 1 + 2 + 3 + 4, same as a flat allreduce
+        assert r["node_sum"] == float(4 * node + 1)
+
+
+def _single_node(rank: int) -> tuple:
+    comm = bagua.comm
+    return comm.get_intra_node_group().ranks, comm.get_inter_node_group().ranks, comm.get_default_group().size
+
+
+def test_one_node_intra_group_is_everyone_inter_group_is_self():
+    for rank, (intra, inter, size) in enumerate(run_ranks(_single_node, 3)):
+        assert intra == (0, 1, 2) and inter == (rank,) and size == 3
+
+
+def _twice(rank: int) -> str:
+    try:
+        bagua.init_process_group()
+    except RuntimeError as e:
+        return str(e)
+    return "no error"
+
+
+def test_init_twice_is_an_error():
+    assert all("already called" in r for r in run_ranks(_twice, 2))
+
+
+def _custom_group(rank: int) -> float:
+    group = bagua.comm.new_group([0, 2])
+    t = torch.full((3,), float(rank))
+    if rank in group.ranks:
+        bagua.comm.allreduce(t, group=group)
+    return t[0].item()
+
+
+def test_new_group_reduces_only_among_its_members():
+    assert run_ranks(_custom_group, 3) == [2.0, 1.0, 2.0]
+
+
+def test_world_of_one_without_torchrun(monkeypatch):
+    import torch.distributed as dist
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    bagua.init_process_group()
+    try:
+        assert (bagua.get_rank(), bagua.get_world_size(), bagua.get_local_rank(), bagua.get_local_size()) == (0, 1, 0, 1)
+        t = torch.arange(4.0)
+        bagua.comm.allreduce(t, op="avg", compression="minmax_uint8")
+        assert torch.equal(t, torch.arange(4.0))
+        assert torch.equal(bagua.comm.allgather(t), t)
+    finally:
+        bagua.destroy_process_group()
+    assert not bagua.is_initialized() and not dist.is_initialized()
