@@ -336,6 +336,25 @@ def _decode_reference_raw(wire: torch.Tensor, numel: int, block_size: int, out_f
         _decode_rows(header[b0 : b0 + rows], codes[e0:e1].view(rows, length), out_flat[e0:e1].view(rows, length), scratch)
 
 
+def _encode_with(raw, x: torch.Tensor, block_size: int, out: torch.Tensor | None, check_finite: bool) -> torch.Tensor:
+    """Validate, allocate, run one encode implementation ``raw``, check finiteness."""
+    _check_encode_args(x, block_size, out)
+    wire = _new_wire(x, block_size, out)
+    x_flat = x.view(-1)
+    raw(x_flat, wire, block_size)
+    if check_finite:
+        _raise_if_nonfinite(x_flat, wire, block_size)
+    return wire
+
+
+def _decode_with(raw, wire: torch.Tensor, numel: int, block_size: int, out: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """Validate, allocate, run one decode implementation ``raw``."""
+    _check_decode_args(wire, numel, block_size, out, dtype)
+    result = _new_output(wire, numel, out, dtype)
+    raw(wire, numel, block_size, result.view(-1))
+    return result
+
+
 def encode_reference(
     x: torch.Tensor,
     block_size: int = DEFAULT_BLOCK_SIZE,
@@ -353,13 +372,7 @@ def encode_reference(
         >>> wire.numel()
         18
     """
-    _check_encode_args(x, block_size, out)
-    wire = _new_wire(x, block_size, out)
-    x_flat = x.view(-1)
-    _encode_reference_raw(x_flat, wire, block_size)
-    if check_finite:
-        _raise_if_nonfinite(x_flat, wire, block_size)
-    return wire
+    return _encode_with(_encode_reference_raw, x, block_size, out, check_finite)
 
 
 def decode_reference(
@@ -378,10 +391,7 @@ def decode_reference(
         >>> decode_reference(encode_reference(torch.ones(10)), 10)[:3]
         tensor([1., 1., 1.])
     """
-    _check_decode_args(wire, numel, block_size, out, dtype)
-    result = _new_output(wire, numel, out, dtype)
-    _decode_reference_raw(wire, numel, block_size, result.view(-1))
-    return result
+    return _decode_with(_decode_reference_raw, wire, numel, block_size, out, dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -567,12 +577,7 @@ def encode_triton(
     """
     _check_encode_args(x, block_size, out)
     _require_triton(x, block_size, "encode_triton")
-    wire = _new_wire(x, block_size, out)
-    x_flat = x.view(-1)
-    _encode_triton_raw(x_flat, wire, block_size)
-    if check_finite:
-        _raise_if_nonfinite(x_flat, wire, block_size)
-    return wire
+    return _encode_with(_encode_triton_raw, x, block_size, out, check_finite)
 
 
 def decode_triton(
@@ -593,9 +598,7 @@ def decode_triton(
     """
     _check_decode_args(wire, numel, block_size, out, dtype)
     _require_triton(wire, block_size, "decode_triton")
-    result = _new_output(wire, numel, out, dtype)
-    _decode_triton_raw(wire, numel, block_size, result.view(-1))
-    return result
+    return _decode_with(_decode_triton_raw, wire, numel, block_size, out, dtype)
 
 
 # --------------------------------------------------------------------------------------------
