@@ -8,7 +8,9 @@ for a clear error on every rank instead. It runs before each public collective u
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import contextlib
+import threading
+from typing import Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -25,6 +27,29 @@ _DTYPES = (
 )
 _MAX_DIMS = 8
 _HEADER = 6 + _MAX_DIMS  # kind, dtype, ndim, numel, op, root, dims...
+
+
+_trust = threading.local()
+
+
+@contextlib.contextmanager
+def trusted() -> Iterator[None]:
+    """Skip the cross-rank agreement check inside this block, on this thread.
+
+    For callers that verified once that every rank issues the same sequence of calls
+    (the Engine verifies its bucket layout at construction).
+    """
+    previous = getattr(_trust, "on", False)
+    _trust.on = True
+    try:
+        yield
+    finally:
+        _trust.on = previous
+
+
+def is_trusted() -> bool:
+    """Whether the calling thread is inside ``trusted()``."""
+    return getattr(_trust, "on", False)
 
 
 def describe(tensor: torch.Tensor) -> str:

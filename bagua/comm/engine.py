@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import zlib
 from typing import Optional, Sequence
 
 import torch
+import torch.distributed as dist
 
+from . import checks
 from .bucket import Bucket
+from .process_group import BaguaProcessGroup, get_default_group, is_initialized
 
 
 class EngineError(RuntimeError):
@@ -48,17 +52,27 @@ def _comm_thread() -> concurrent.futures.ThreadPoolExecutor:
 class Engine:
     """Tracks tensor readiness for a list of buckets and runs their ops in order."""
 
-    def __init__(self, buckets: Sequence[Bucket], timeout_s: Optional[float] = None):
+    def __init__(
+        self,
+        buckets: Sequence[Bucket],
+        timeout_s: Optional[float] = None,
+        group: Optional[BaguaProcessGroup] = None,
+    ):
         """
         Args:
             buckets: the same buckets, in the same order, on every rank.
             timeout_s: how long ``wait()`` waits for the communication thread before it
                 fails naming the bucket (default: no limit beyond the process group's own
                 timeout, which already ends a stuck collective with an error).
+            group: the ranks that run these buckets (default: all, when the process group
+                is initialized). The engine checks once, here, that they all hold the same
+                bucket layout; the ops then skip the per-call agreement check.
         """
         self.buckets = list(buckets)
         if not self.buckets:
             raise ValueError("Engine needs at least one bucket")
+        if group is not None or is_initialized():
+            self._verify_layout(group or get_default_group())
         self.timeout_s = timeout_s
         self._slot: dict[int, tuple[int, int]] = {}
         for b, bucket in enumerate(self.buckets):
@@ -72,6 +86,23 @@ class Engine:
         if any(b.device.type == "cuda" for b in self.buckets):
             self._stream = torch.cuda.Stream(device=self.buckets[0].device)
         self._reset()
+
+    def _verify_layout(self, group: BaguaProcessGroup) -> None:
+        if group.size == 1:
+            return
+        layout = [(b.flat.numel(), str(b.dtype), len(b)) for b in self.buckets]
+        row = torch.tensor(
+            [len(layout), sum(n for n, _, _ in layout), zlib.crc32(repr(layout).encode())], dtype=torch.int64
+        )
+        table = torch.empty(group.size * 3, dtype=torch.int64)
+        dist.all_gather_into_tensor(table, row, group=group.group)
+        rows = table.view(group.size, 3).tolist()
+        if any(r != rows[0] for r in rows):
+            detail = ", ".join(f"rank {rank}: {n} buckets, {total} elements" for rank, (n, total, _) in zip(group.ranks, rows))
+            raise ValueError(
+                f"Engine: the bucket layout differs across ranks ({detail}); every rank must build the "
+                f"same buckets from the same model"
+            )
 
     def _reset(self) -> None:
         self._ready = [[False] * len(b) for b in self.buckets]
@@ -115,12 +146,13 @@ class Engine:
         self._futures.append((bucket, future))
 
     def _run(self, bucket: Bucket, event) -> None:
-        if event is None:
-            bucket.run_ops()
-            return
-        with torch.cuda.stream(self._stream):
-            self._stream.wait_event(event)
-            bucket.run_ops()
+        with checks.trusted():  # the layout was verified once at construction
+            if event is None:
+                bucket.run_ops()
+                return
+            with torch.cuda.stream(self._stream):
+                self._stream.wait_event(event)
+                bucket.run_ops()
 
     def wait(self) -> None:
         """End the step: wait for every bucket's ops; raise if a bucket never became ready.

@@ -154,3 +154,35 @@ def test_engine_allreduce_across_ranks(compression):
             torch.testing.assert_close(g, torch.full_like(g, 2.0 * (i + 1)), rtol=1e-5, atol=1e-2)
     for grads in results[1:]:
         assert all(torch.equal(a, b) for a, b in zip(grads, results[0]))
+
+
+def _engine_layout_mismatch(rank: int):
+    sizes = [4, 4] if rank == 0 else [4, 5]
+    Engine([Bucket([torch.ones(n)], name=f"b{i}") for i, n in enumerate(sizes)])
+
+
+def test_engine_refuses_bucket_layouts_that_differ_across_ranks():
+    from tests.harness import run_ranks_expect_errors
+
+    errors = run_ranks_expect_errors(_engine_layout_mismatch, 2)
+    assert all("bucket layout differs" in tb and "rank 1: 2 buckets, 9 elements" in tb for tb in errors.values())
+
+
+def _engine_ops_skip_agreement_check(rank: int) -> tuple[int, int]:
+    from bagua.comm import checks
+
+    calls = []
+    original = checks.check_agreement
+    checks.check_agreement = lambda *a, **k: (calls.append(a[0]), original(*a, **k))[1]
+    grads = [torch.ones(10) * rank]
+    engine = Engine([Bucket(grads).append_allreduce(op="sum")])
+    engine.mark_ready(grads[0])
+    engine.wait()
+    assert torch.equal(grads[0], torch.ones(10))
+    in_engine = len(calls)
+    bagua.comm.allreduce(torch.ones(3))  # outside the engine the check still runs
+    return in_engine, len(calls) - in_engine
+
+
+def test_engine_ops_run_without_per_call_checks():
+    assert run_ranks(_engine_ops_skip_agreement_check, 2) == [(0, 1), (0, 1)]
