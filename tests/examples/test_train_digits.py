@@ -1,0 +1,69 @@
+"""examples/train_digits.py end to end: 2 ranks under torchrun and a single process agree."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "train_digits.py"
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+EPOCHS = "5"
+TIMEOUT_S = 180
+FINAL = re.compile(r"final test accuracy: (\d+\.\d+) \(world size (\d+), compression (\S+)\)")
+
+
+def _run(*args: str, ranks: int) -> tuple[float, str]:
+    """Run the example (under torchrun when ranks > 1); return its final test accuracy and output."""
+    if ranks > 1:
+        cmd = [str(TORCHRUN), "--standalone", f"--nproc-per-node={ranks}", str(EXAMPLE)]
+    else:
+        cmd = [sys.executable, str(EXAMPLE)]
+    cmd += ["--epochs", EPOCHS, *args]
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{' '.join(cmd)} did not finish in {TIMEOUT_S} s (a hang?)\n{e.stdout}\n{e.stderr}")
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{' '.join(cmd)} exited with {proc.returncode}:\n{output}"
+    found = FINAL.findall(proc.stdout)
+    assert len(found) == 1, f"expected one 'final test accuracy' line (rank 0 only), got {found}:\n{output}"
+    accuracy, world, compression = found[0]
+    assert int(world) == ranks, output
+    assert compression == (args[args.index("--compression") + 1] if "--compression" in args else "none")
+    assert "parameters identical on all ranks: True" in proc.stdout, output
+    return float(accuracy), output
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> tuple[float, str]:
+    return _run(ranks=2)
+
+
+@pytest.fixture(scope="module")
+def one_rank() -> tuple[float, str]:
+    return _run(ranks=1)
+
+
+def test_two_ranks_learn(two_ranks):
+    accuracy, output = two_ranks
+    assert accuracy >= 0.9, output
+
+
+def test_single_process_learns(one_rank):
+    accuracy, output = one_rank
+    assert accuracy >= 0.9, output
+
+
+def test_two_ranks_match_single_process(two_ranks, one_rank):
+    # Same global batch, same shuffles: data parallelism must not change what is learned.
+    assert abs(two_ranks[0] - one_rank[0]) <= 0.03, (two_ranks[0], one_rank[0])
+
+
+def test_compressed_gradient_averaging_learns():
+    accuracy, output = _run("--compression", "minmax_uint8", ranks=2)
+    assert accuracy >= 0.9, output
