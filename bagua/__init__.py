@@ -7,7 +7,7 @@ Example::
     print(bagua.get_rank(), bagua.get_world_size())
 """
 
-from . import comm
+from . import algorithms, comm, parallel
 from .comm import (
     destroy_process_group,
     get_local_rank,
@@ -17,10 +17,11 @@ from .comm import (
     init_process_group,
     is_initialized,
 )
+from .parallel import DistributedDataParallel, with_bagua
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "comm", "destroy_process_group", "get_local_rank", "get_local_size", "get_rank",
+    "DistributedDataParallel", "algorithms", "comm", "parallel", "with_bagua", "destroy_process_group", "get_local_rank", "get_local_size", "get_rank",
     "get_world_size", "init_process_group", "is_initialized", "__version__",
 ]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import socket
 import time
@@ -56,7 +57,9 @@ def _child(fn, rank, world_size, local_world_size, port, args, results, init_kwa
         if init_kwargs is not None:
             bagua.init_process_group(timeout=datetime.timedelta(seconds=comm_timeout_s), **init_kwargs)
         result = fn(rank, *args)
-        results.put(("ok", rank, result))
+        # Plain pickle: the queue's pickler would send tensors as shared-memory handles, which the
+        # parent can no longer open once this process has exited.
+        results.put(("ok", rank, pickle.dumps(result)))
     except BaseException:  # report everything, including SystemExit from inside fn
         results.put(("error", rank, traceback.format_exc()))
     finally:
@@ -101,7 +104,7 @@ def _launch(fn, world_size, args, timeout, local_world_size, init_kwargs, init, 
                 if all(not p.is_alive() for p in procs) and results.empty():
                     break
                 continue
-            outcomes[rank] = (status, payload)
+            outcomes[rank] = (status, pickle.loads(payload) if status == "ok" else payload)
             if status == "error" and first_error_at is None:
                 first_error_at = time.monotonic()
     finally:

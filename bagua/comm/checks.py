@@ -13,8 +13,8 @@ import threading
 from typing import Iterator, Optional, Sequence
 
 import torch
-import torch.distributed as dist
 
+from ._torch_compat import all_gather_flat
 from .process_group import BaguaProcessGroup
 
 _KINDS = (
@@ -160,7 +160,7 @@ def check_agreement(
     device = tensor.device if tensor.device.type == "cuda" and "nccl" in pg.backend and "gloo" not in pg.backend else "cpu"
     row = row.to(device)
     table = torch.empty(pg.size * width, dtype=torch.int64, device=device)
-    dist.all_gather_into_tensor(table, row, group=pg.group)
+    all_gather_flat(table, row, group=pg.group)
     rows = table.view(pg.size, width).tolist()
     problem = _explain(rows, pg)
     if problem:

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from . import checks, traffic
+from ._torch_compat import all_gather_flat, reduce_scatter_flat
 from .process_group import BaguaProcessGroup, _collective_checks_enabled, get_default_group
 
 
@@ -221,7 +222,7 @@ def allgather(
     traffic.record("allgather", (pg.size - 1) * input.nbytes)
     return _run(
         what,
-        lambda: dist.all_gather_into_tensor(output, input, group=pg.group, async_op=True),
+        lambda: all_gather_flat(output, input, group=pg.group, async_op=True),
         lambda: output,
         async_op,
     )
@@ -334,7 +335,7 @@ def reduce_scatter(
 
     return _run(
         what,
-        lambda: dist.reduce_scatter_tensor(output, padded, torch_op, group=pg.group, async_op=True),
+        lambda: reduce_scatter_flat(output, padded, torch_op, group=pg.group, async_op=True),
         finish,
         async_op,
     )

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from . import traffic
+from ._torch_compat import all_gather_flat
 from .collectives import Handle, ReduceOp, _named_errors, _op_code, _prepare, _run, _done, as_reduce_op
 from .compression import Codec, Payload, get_codec
 from .process_group import BaguaProcessGroup
@@ -90,7 +91,7 @@ def compressed_allreduce(
         mine = codec.encode(reduced, check_finite=False).data.contiguous()
         gathered = torch.empty(w * wire_len, dtype=codec.wire_dtype, device=tensor.device)
         with _named_errors(what):
-            dist.all_gather_into_tensor(gathered, mine, group=pg.group)
+            all_gather_flat(gathered, mine, group=pg.group)
         result = _decode_rows(codec, gathered, w, chunk, parts).view(-1)[:n]
         if not torch.isfinite(result).all():
             raise ValueError(

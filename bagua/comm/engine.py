@@ -25,9 +25,9 @@ import zlib
 from typing import Optional, Sequence
 
 import torch
-import torch.distributed as dist
 
 from . import checks
+from ._torch_compat import all_gather_flat
 from .bucket import Bucket
 from .process_group import BaguaProcessGroup, get_default_group, is_initialized
 
@@ -95,7 +95,7 @@ class Engine:
             [len(layout), sum(n for n, _, _ in layout), zlib.crc32(repr(layout).encode())], dtype=torch.int64
         )
         table = torch.empty(group.size * 3, dtype=torch.int64)
-        dist.all_gather_into_tensor(table, row, group=group.group)
+        all_gather_flat(table, row, group=group.group)
         rows = table.view(group.size, 3).tolist()
         if any(r != rows[0] for r in rows):
             detail = ", ".join(f"rank {rank}: {n} buckets, {total} elements" for rank, (n, total, _) in zip(group.ranks, rows))

@@ -1,0 +1,18 @@
+"""Distributed algorithms behind ``bagua.DistributedDataParallel``, and the API to write new ones.
+
+Example::
+
+    from bagua.algorithms import Algorithm, registered_names
+    print(registered_names())   # ['async', 'bytegrad', 'decentralized', ...]
+    algo = Algorithm.init("decentralized", peer_selection_mode="shift_one")
+"""
+
+from .base import Algorithm, AlgorithmImpl, registered_names
+from .bytegrad import ByteGradAlgorithm
+from .decentralized import DecentralizedAlgorithm
+from .gradient_allreduce import GradientAllReduceAlgorithm
+
+__all__ = [
+    "Algorithm", "AlgorithmImpl", "ByteGradAlgorithm", "DecentralizedAlgorithm",
+    "GradientAllReduceAlgorithm", "registered_names",
+]

@@ -1,0 +1,176 @@
+"""Algorithm (what to do, declared) and AlgorithmImpl (how, through fixed hooks), plus a registry.
+
+An ``Algorithm`` is a small declarative object that a user builds (``GradientAllReduceAlgorithm(
+hierarchical=True)``, or by name with ``Algorithm.init("bytegrad")``). The wrapper,
+``bagua.DistributedDataParallel``, calls ``algorithm.reify(process_group)`` once and drives the
+returned ``AlgorithmImpl`` through these hooks, in this order each step:
+
+====================================  ===========================================================
+``tensors_to_communicate(ddp)``       once: the (name, tensor) pairs to put in buckets
+``bucket_tensors(named, size_bytes)`` once: group them into buckets (default: by size and dtype)
+``init_operations(ddp, bucket)``      once per bucket: append the ops the engine runs on it
+``on_forward_pre(ddp)``               every forward, before the module runs
+``on_tensor_ready(ddp, name, param)`` every parameter whose gradient was just accumulated
+``on_backward_end(ddp)``              after backward, once the engine's ops finished
+``on_optimizer_step_pre/post(ddp)``   around every ``optimizer.step()`` of the wrapped optimizers
+====================================  ===========================================================
+
+``ready_on_backward(ddp)`` tells the wrapper whether this step's buckets become ready through
+backward (gradient algorithms) or through the algorithm itself (``ddp.mark_all_ready()``).
+
+A new algorithm is one file: subclass both and register the declarative class. See
+``docs/writing_an_algorithm.md`` for a worked example.
+
+Example::
+
+    @Algorithm.register("my_allreduce")
+    class MyAllReduce(Algorithm):
+        def reify(self, process_group):
+            return MyAllReduceImpl(process_group)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, ClassVar
+
+import torch
+
+from ..comm import BaguaProcessGroup, Bucket
+
+if TYPE_CHECKING:  # the wrapper imports us, not the other way round
+    from ..parallel.ddp import DistributedDataParallel
+
+NamedTensor = tuple[str, torch.Tensor]
+
+
+class AlgorithmImpl:
+    """The hooks the wrapper calls; the defaults communicate nothing.
+
+    Args:
+        process_group: the ranks that train together.
+    """
+
+    def __init__(self, process_group: BaguaProcessGroup):
+        self.process_group = process_group
+
+    def tensors_to_communicate(self, ddp: "DistributedDataParallel") -> list[NamedTensor]:
+        """The tensors to bucket, in the order backward is expected to produce them.
+
+        Default: the gradients of the parameters that require one, last layer first.
+        """
+        return [(name, p.grad) for name, p in reversed(ddp.named_trainable_parameters)]
+
+    def bucket_tensors(self, named: list[NamedTensor], bucket_size_bytes: int) -> list[list[NamedTensor]]:
+        """Split ``named`` into consecutive groups of one dtype and device, each about
+        ``bucket_size_bytes`` (a tensor larger than that gets a bucket of its own)."""
+        buckets: list[list[NamedTensor]] = []
+        size = 0
+        for name, tensor in named:
+            kind = (tensor.dtype, tensor.device)
+            if not buckets or size >= bucket_size_bytes or (buckets[-1][0][1].dtype, buckets[-1][0][1].device) != kind:
+                buckets.append([])
+                size = 0
+            buckets[-1].append((name, tensor))
+            size += tensor.nbytes
+        return buckets
+
+    def init_operations(self, ddp: "DistributedDataParallel", bucket: Bucket) -> None:
+        """Append to ``bucket`` the ops the engine runs once all its tensors are ready."""
+
+    def ready_on_backward(self, ddp: "DistributedDataParallel") -> bool:
+        """Whether this step's buckets become ready as backward produces gradients (default)."""
+        return True
+
+    def on_forward_pre(self, ddp: "DistributedDataParallel") -> None:
+        """Called before every forward of the wrapped module."""
+
+    def on_tensor_ready(self, ddp: "DistributedDataParallel", name: str, param: torch.nn.Parameter) -> None:
+        """Called when backward has accumulated ``param.grad``. Default: mark its bucket slot
+        ready, so full buckets start communicating while backward goes on."""
+        if self.ready_on_backward(ddp):
+            ddp.mark_ready(name)
+
+    def on_backward_end(self, ddp: "DistributedDataParallel") -> None:
+        """Called after backward, once every launched bucket's ops have finished."""
+
+    def on_optimizer_step_pre(self, ddp: "DistributedDataParallel") -> None:
+        """Called before ``optimizer.step()`` of each wrapped optimizer."""
+
+    def on_optimizer_step_post(self, ddp: "DistributedDataParallel") -> None:
+        """Called after ``optimizer.step()`` of each wrapped optimizer."""
+
+    def close(self, ddp: "DistributedDataParallel") -> None:
+        """Release background resources (threads); called by ``ddp.close()``."""
+
+
+class Algorithm:
+    """A declarative description of how ranks communicate; ``reify`` builds its implementation."""
+
+    _registry: ClassVar[dict[str, type["Algorithm"]]] = {}
+    name: ClassVar[str] = ""
+
+    def reify(self, process_group: BaguaProcessGroup) -> AlgorithmImpl:
+        """Build the implementation that the wrapper drives, for ``process_group``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement reify(process_group)")
+
+    @classmethod
+    def register(cls, name: str) -> Callable[[type["Algorithm"]], type["Algorithm"]]:
+        """Class decorator: make ``Algorithm.init(name, **kwargs)`` build this class."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"an algorithm name must be a non-empty string, got {name!r}")
+
+        def decorate(algorithm_cls: type["Algorithm"]) -> type["Algorithm"]:
+            if not (isinstance(algorithm_cls, type) and issubclass(algorithm_cls, Algorithm)):
+                raise TypeError(f"Algorithm.register({name!r}) decorates Algorithm subclasses, got {algorithm_cls!r}")
+            known = cls._registry.get(name)
+            if known is not None and known is not algorithm_cls:
+                raise ValueError(f"algorithm name {name!r} is already registered to {known.__qualname__}")
+            cls._registry[name] = algorithm_cls
+            algorithm_cls.name = name
+            return algorithm_cls
+
+        return decorate
+
+    @classmethod
+    def init(cls, name: str, **kwargs) -> "Algorithm":
+        """Build a registered algorithm by name, e.g. ``Algorithm.init("bytegrad", hierarchical=True)``."""
+        try:
+            algorithm_cls = cls._registry[name]
+        except (KeyError, TypeError):
+            raise ValueError(
+                f"unknown algorithm {name!r}; registered: {', '.join(registered_names())}"
+            ) from None
+        return algorithm_cls(**kwargs)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
+        return f"{type(self).__name__}({fields})"
+
+
+def registered_names() -> list[str]:
+    """The names ``Algorithm.init`` accepts, sorted."""
+    return sorted(Algorithm._registry)
+
+
+def resolve(algorithm: "Algorithm | str") -> Algorithm:
+    """An Algorithm instance from an instance or a registered name."""
+    if isinstance(algorithm, Algorithm):
+        return algorithm
+    if isinstance(algorithm, str):
+        return Algorithm.init(algorithm)
+    raise TypeError(
+        f"algorithm must be an Algorithm or one of {registered_names()}, got {type(algorithm).__name__}"
+    )
+
+
+def check_choice(what: str, value: object, choices: tuple) -> None:
+    """Raise a ValueError naming ``what`` when ``value`` is not one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{what} must be one of {list(choices)}, got {value!r}")
+
+
+def check_positive_int(what: str, value: object, minimum: int = 1) -> None:
+    """Raise a ValueError naming ``what`` unless ``value`` is an int >= ``minimum``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{what} must be an integer >= {minimum}, got {value!r}")
+

@@ -1,0 +1,141 @@
+"""decentralized: average the weights with peers instead of the gradients with everyone.
+
+On a communication step (every ``communication_interval`` steps) the weights x_t at the start
+of forward are sent to the peers while forward and backward run; after backward the weights
+are replaced by the peer average, and the optimizer then applies the local gradient:
+
+    x_{t+1} = avg_peers(x_t) - lr * g_i(x_t)
+
+(Lian et al., "Can Decentralized Algorithms Outperform Centralized Algorithms?", NeurIPS 2017.)
+Peer modes: ``"all"`` averages over every rank; ``"shift_one"`` pairs ranks up, a different
+peer each communication step (needs an even number of ranks). With ``hierarchical=True`` the
+ranks of a node first average exactly among themselves, the node leaders run the peer
+exchange among nodes, and the result is broadcast within each node.
+
+Example::
+
+    algo = DecentralizedAlgorithm(peer_selection_mode="shift_one", communication_interval=2)
+    model = bagua.DistributedDataParallel(model, [opt], algo)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..comm import (
+    BaguaProcessGroup, Bucket, ReduceOp, allreduce, broadcast, get_inter_node_group,
+    get_intra_node_group, get_local_rank, recv, send,
+)
+from .base import Algorithm, AlgorithmImpl, check_choice, check_positive_int
+from .gradient_allreduce import check_hierarchical_group
+
+PEER_SELECTION_MODES = ("all", "shift_one")
+
+
+def shift_one_peer(rank: int, size: int, step: int) -> int:
+    """The peer of ``rank`` among ``size`` ranks (even) at communication step ``step``.
+
+    Ranks below size/2 pair with ones above it; the pairing shifts by one every step, so
+    after size/2 steps every rank met every rank of the other half.
+    """
+    half = size // 2
+    if rank < half:
+        return (step + rank) % ((size + 1) // 2) + half
+    return (rank - half - step) % half
+
+
+def check_shift_one(size: int, what: str = "ranks") -> None:
+    if size % 2:
+        raise ValueError(
+            f"peer_selection_mode='shift_one' pairs {what} up and needs an even number of them, got {size}; "
+            f"use peer_selection_mode='all' or an even world size"
+        )
+
+
+def peer_average(tensor: torch.Tensor, group: BaguaProcessGroup, mode: str, comm_step: int) -> None:
+    """Average ``tensor`` in place with the peers of this rank in ``group`` (mode all / shift_one)."""
+    if group.size == 1:
+        return
+    if mode == "all":
+        allreduce(tensor, op=ReduceOp.AVG, group=group)
+        return
+    peer = group.ranks[shift_one_peer(group.rank, group.size, comm_step)]
+    theirs = torch.empty_like(tensor)
+    handle = send(tensor, dst=peer, async_op=True)
+    recv(theirs, src=peer)
+    handle.wait()
+    tensor.add_(theirs).mul_(0.5)
+
+
+class DecentralizedImpl(AlgorithmImpl):
+    def __init__(self, process_group: BaguaProcessGroup, hierarchical: bool, mode: str, interval: int):
+        super().__init__(process_group)
+        if hierarchical:
+            check_hierarchical_group(process_group)
+            self.peers = get_inter_node_group()
+            if mode == "shift_one":
+                check_shift_one(self.peers.size, "nodes")
+        else:
+            self.peers = process_group
+            if mode == "shift_one":
+                check_shift_one(process_group.size)
+        self.hierarchical, self.mode, self.interval = hierarchical, mode, interval
+        self.comm_steps = 0
+        self._averaged: dict[int, torch.Tensor] = {}
+        self._communicating = False
+
+    def tensors_to_communicate(self, ddp):
+        return [(name, p) for name, p in reversed(ddp.named_trainable_parameters)]
+
+    def ready_on_backward(self, ddp) -> bool:
+        return False
+
+    def init_operations(self, ddp, bucket: Bucket) -> None:
+        def average_weights(b: Bucket) -> None:
+            x = b.flat.clone()  # the weights at the start of this step's forward
+            if self.hierarchical:
+                intra = get_intra_node_group()
+                allreduce(x, op=ReduceOp.AVG, group=intra)
+                if get_local_rank() == 0:
+                    peer_average(x, self.peers, self.mode, self.comm_steps)
+                broadcast(x, src=intra.ranks[0], group=intra)
+            else:
+                peer_average(x, self.peers, self.mode, self.comm_steps)
+            self._averaged[id(b)] = x
+
+        bucket.append_op(average_weights, f"decentralized[{self.mode}]")
+
+    def on_forward_pre(self, ddp) -> None:
+        self._communicating = ddp.step % self.interval == 0
+        if self._communicating:
+            ddp.mark_all_ready()  # the ops copy the weights, then exchange while forward runs
+
+    def on_backward_end(self, ddp) -> None:
+        if not self._communicating:
+            return
+        with torch.no_grad():
+            for bucket in ddp.buckets:
+                bucket.flat.copy_(self._averaged.pop(id(bucket)))
+        self.comm_steps += 1
+        self._communicating = False
+
+
+@Algorithm.register("decentralized")
+class DecentralizedAlgorithm(Algorithm):
+    """Decentralized SGD: weights averaged with peers, overlapped with forward and backward.
+
+    Args:
+        hierarchical: average exactly within nodes; peers are other nodes.
+        peer_selection_mode: ``"all"`` or ``"shift_one"`` (even number of ranks).
+        communication_interval: communicate every this many steps.
+    """
+
+    def __init__(self, hierarchical: bool = False, peer_selection_mode: str = "all", communication_interval: int = 1):
+        check_choice("peer_selection_mode", peer_selection_mode, PEER_SELECTION_MODES)
+        check_positive_int("communication_interval", communication_interval)
+        self.hierarchical = bool(hierarchical)
+        self.peer_selection_mode = peer_selection_mode
+        self.communication_interval = communication_interval
+
+    def reify(self, process_group: BaguaProcessGroup) -> AlgorithmImpl:
+        return DecentralizedImpl(process_group, self.hierarchical, self.peer_selection_mode, self.communication_interval)

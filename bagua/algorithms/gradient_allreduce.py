@@ -1,0 +1,74 @@
+"""gradient_allreduce: every rank ends backward holding the average (or sum) of all gradients.
+
+Buckets are launched as they fill during backward, in the same order on every rank, and
+allreduced while the rest of backward runs. ``hierarchical=True`` reduces within each node,
+allreduces among node leaders and broadcasts within the node: the same result, with only
+one rank per machine on the inter-node links.
+
+Example::
+
+    model = bagua.DistributedDataParallel(model, [opt], GradientAllReduceAlgorithm(hierarchical=True))
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..comm import BaguaProcessGroup, Bucket, ReduceOp, allreduce, get_default_group
+from ..comm.hierarchical import hierarchical_allreduce
+from .base import Algorithm, AlgorithmImpl
+
+
+def append_gradient_allreduce(
+    bucket: Bucket,
+    process_group: BaguaProcessGroup,
+    average: bool,
+    hierarchical: bool,
+    compression: Optional[str] = None,
+) -> None:
+    """Append to ``bucket`` an allreduce of its flat buffer: flat or hierarchical, exact or compressed."""
+    op = ReduceOp.AVG if average else ReduceOp.SUM
+    if hierarchical:
+        bucket.append_op(lambda b: hierarchical_allreduce(b.flat, op=op, compression=compression),
+                         f"hierarchical_allreduce[{compression or 'exact'}]")
+    else:
+        bucket.append_op(lambda b: allreduce(b.flat, op=op, group=process_group, compression=compression),
+                         f"allreduce[{compression or 'exact'}]")
+
+
+def check_hierarchical_group(process_group: BaguaProcessGroup) -> None:
+    """Hierarchical communication runs over the node groups of the whole job."""
+    if process_group.ranks != get_default_group().ranks:
+        raise ValueError(
+            f"hierarchical=True needs the global process group (the node groups span the whole job), "
+            f"got a group of ranks {list(process_group.ranks)}; use hierarchical=False for subgroups"
+        )
+
+
+class GradientAllReduceImpl(AlgorithmImpl):
+    def __init__(self, process_group: BaguaProcessGroup, hierarchical: bool, average: bool,
+                 compression: Optional[str] = None):
+        super().__init__(process_group)
+        if hierarchical:
+            check_hierarchical_group(process_group)
+        self.hierarchical, self.average, self.compression = hierarchical, average, compression
+
+    def init_operations(self, ddp, bucket: Bucket) -> None:
+        append_gradient_allreduce(bucket, self.process_group, self.average, self.hierarchical, self.compression)
+
+
+@Algorithm.register("gradient_allreduce")
+class GradientAllReduceAlgorithm(Algorithm):
+    """Exact gradient averaging (the algorithm of torch DDP and Horovod).
+
+    Args:
+        hierarchical: reduce within nodes first, then across node leaders.
+        average: average the gradients (default) or sum them.
+    """
+
+    def __init__(self, hierarchical: bool = False, average: bool = True):
+        self.hierarchical = bool(hierarchical)
+        self.average = bool(average)
+
+    def reify(self, process_group: BaguaProcessGroup) -> AlgorithmImpl:
+        return GradientAllReduceImpl(process_group, self.hierarchical, self.average)

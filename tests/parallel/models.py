@@ -1,0 +1,43 @@
+"""Small models and per-rank data shared by the data-parallel tests."""
+
+from __future__ import annotations
+
+import torch
+
+
+def make_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(12, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)
+    )
+
+
+def rank_batches(rank: int, steps: int, batch: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Different data on every rank, the same on every run."""
+    g = torch.Generator().manual_seed(1000 + rank)
+    return [(torch.randn(batch, 12, generator=g), torch.randint(0, 3, (batch,), generator=g)) for _ in range(steps)]
+
+
+def make_optimizer(kind: str, params) -> torch.optim.Optimizer:
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    if kind == "plain_sgd":
+        return torch.optim.SGD(params, lr=0.1)
+    if kind == "adam":
+        return torch.optim.Adam(params, lr=0.01)
+    raise ValueError(kind)
+
+
+def train(model, optimizer, batches, zero_grad_to_none: bool = True) -> list[float]:
+    losses = []
+    for x, y in batches:
+        optimizer.zero_grad(set_to_none=zero_grad_to_none)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def flat_params(module: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()]).clone()
