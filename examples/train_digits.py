@@ -1,18 +1,19 @@
-"""Data-parallel training of a small MLP on scikit-learn's digits with bagua.comm.
+"""Data-parallel training of a small MLP on scikit-learn's digits with bagua.DistributedDataParallel.
 
 The same file runs on 2 ranks and as one process; with the same global batch both reach
 about the same test accuracy, which is the point of data parallelism:
 
     torchrun --standalone --nproc-per-node 2 examples/train_digits.py
     python examples/train_digits.py
-    python examples/train_digits.py --compression minmax_uint8     # any flag works both ways
+    torchrun --standalone --nproc-per-node 2 examples/train_digits.py --algorithm bytegrad
 
-Each rank trains on its own shard of the training set; after every backward the ranks
-average their gradients with one allreduce of one flat buffer (a ``bagua.comm.Bucket``),
-so every rank applies the same update and the replicas stay identical. Gradient averaging
-can be compressed (``--compression fp16|bf16|minmax_uint8``): then every byte on the wire is
-encoded. (``bagua.DistributedDataParallel`` will do all this for you, overlapped with
-backward; here it is spelled out by hand.)
+Each rank trains on its own shard of the training set. The one line that makes it
+distributed is ``bagua.DistributedDataParallel(model, [optimizer], algorithm=...)``; the
+algorithm decides how ranks communicate: ``gradient_allreduce`` (exact, like torch DDP),
+``bytegrad`` (8-bit compressed gradients), ``decentralized`` and ``low_precision_decentralized``
+(weights averaged with peers), ``async`` (background model averaging), ``qadam`` (8-bit
+compressed Adam momentum). Decentralized and asynchronous algorithms leave the replicas
+slightly apart; at the end they are averaged once, so every rank evaluates the same model.
 """
 
 from __future__ import annotations
@@ -30,19 +31,20 @@ from tqdm import tqdm
 
 import bagua
 
-COMPRESSIONS = ("none", "fp16", "bf16", "minmax_uint8")
+ALGORITHMS = ("gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam")
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=64,
                         help="global batch size, split evenly across ranks (default 64)")
-    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--lr", type=float, default=None,
+                        help="learning rate (default 0.1 with SGD, 0.003 with qadam's Adam)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--compression", choices=COMPRESSIONS, default="none",
-                        help="codec for the gradient allreduce (default none: exact)")
-    args = parser.parse_args()
+    parser.add_argument("--algorithm", choices=ALGORITHMS, default="gradient_allreduce",
+                        help="how ranks communicate (default gradient_allreduce: exact, like torch DDP)")
+    args = parser.parse_args(argv)
     if args.epochs < 1:
         parser.error(f"--epochs must be at least 1, got {args.epochs}")
     if args.batch_size < 1:
@@ -88,18 +90,34 @@ def parameters_identical_on_all_ranks(params: list[torch.Tensor]) -> bool:
     return torch.equal(hi, lo)
 
 
-def main() -> None:
-    args = parse_args()
-    bagua.init_process_group()  # under torchrun: its env; alone: a world of one
+def make_algorithm(name: str, optimizer: torch.optim.Optimizer) -> bagua.algorithms.Algorithm:
+    if name == "qadam":
+        return bagua.algorithms.QAdamAlgorithm(optimizer)
+    if name == "async":  # average every 20 ms, after one epoch-ish of synchronous warm-up
+        return bagua.algorithms.AsyncModelAverageAlgorithm(sync_interval_ms=20, warmup_steps=20)
+    return bagua.algorithms.Algorithm.init(name)
+
+
+def make_optimizer(name: str, params, lr) -> torch.optim.Optimizer:
+    if name == "qadam":
+        return bagua.optim.QAdamOptimizer(params, lr=lr or 0.003, warmup_steps=50)
+    return torch.optim.SGD(params, lr=lr or 0.1, momentum=0.9)
+
+
+@torch.no_grad()
+def average_parameters(params: list[torch.Tensor]) -> None:
+    """One exact average of the weights over all ranks (for algorithms that leave them apart)."""
+    for p in params:
+        bagua.comm.allreduce(p, op=bagua.comm.ReduceOp.AVG)
+
+
+def train(args: argparse.Namespace, log=print) -> dict:
+    """Train as ``args`` say on the ranks of the current process group; return the results."""
     rank, world = bagua.get_rank(), bagua.get_world_size()
-    # Share this machine's cores among its ranks (2 ranks on 2 cores: one thread each).
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // bagua.get_local_size()))
     if args.batch_size % world != 0:
         raise ValueError(
             f"--batch-size (global) must be divisible by the world size {world}, got {args.batch_size}"
         )
-    compression = None if args.compression == "none" else args.compression
-
     train_set, test_set = load_data()
     # Each rank gets its own 1/world of the (shuffled) training set. The shuffle depends only on
     # seed and epoch, and rank r takes every world-th index from offset r, so rank r's k-th batch
@@ -109,67 +127,69 @@ def main() -> None:
     sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
     loader = DataLoader(train_set, batch_size=args.batch_size // world, sampler=sampler)
 
-    torch.manual_seed(args.seed)  # same init on every rank...
+    torch.manual_seed(args.seed)
     model = make_model()
-    params = list(model.parameters())
-    for p in params:
-        bagua.comm.broadcast(p.data, src=0)  # ...and made certain: every rank starts from rank 0's
-    optimizer = torch.optim.SGD(params, lr=args.lr, momentum=0.9)
-    grads: bagua.comm.Bucket | None = None  # created after the first backward, when grads exist
+    optimizer = make_optimizer(args.algorithm, model.parameters(), args.lr)
+    algorithm = make_algorithm(args.algorithm, optimizer)
+    # The one line: broadcasts rank 0's weights, then communicates as the algorithm says.
+    ddp = bagua.DistributedDataParallel(model, optimizers=[optimizer], algorithm=algorithm)
+    log(f"digits: {len(train_set)} train / {len(test_set)} test samples, world size {world}, "
+        f"global batch {args.batch_size} ({args.batch_size // world} per rank), algorithm {args.algorithm}")
 
-    if rank == 0:
-        print(f"digits: {len(train_set)} train / {len(test_set)} test samples, world size {world}, "
-              f"global batch {args.batch_size} ({args.batch_size // world} per rank), "
-              f"compression {args.compression}")
-        if world == 1 and compression is not None:
-            print("note: a world of one sends nothing, so --compression has no effect here")
-    grad_bytes = 0  # what this rank put on the wire for gradient averaging
-
+    sent = 0  # what this rank put on the wire
     for epoch in range(1, args.epochs + 1):
-        start = time.perf_counter()
+        start, sent_before = time.perf_counter(), bagua.comm.bytes_sent()
         sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
         stats = torch.zeros(3, dtype=torch.float64)  # loss * n, correct, n over this rank's samples
         batches = tqdm(loader, desc=f"epoch {epoch}", leave=False, disable=True if rank else None)
         for x, y in batches:
-            logits = model(x)
+            logits = ddp(x)
             loss = F.cross_entropy(logits, y)
-            # set_to_none=False: zero the grads in place instead of dropping them. Autograd then
-            # accumulates into the existing tensors, which stay views of the bucket's flat buffer;
-            # with None, the next backward would allocate fresh grads outside the bucket.
-            optimizer.zero_grad(set_to_none=False)
+            optimizer.zero_grad()
             loss.backward()
-            if grads is None:
-                # Copies the grads into one flat buffer and makes each p.grad a view of it.
-                grads = bagua.comm.Bucket([p.grad for p in params], name="grads")
-            # Average gradients across ranks: one collective for the whole model.
-            sent_before = bagua.comm.bytes_sent()
-            bagua.comm.allreduce(grads.flat, op=bagua.comm.ReduceOp.AVG, compression=compression)
-            grad_bytes += bagua.comm.bytes_sent() - sent_before
             optimizer.step()
-
             n = y.numel()
             stats += torch.tensor([loss.item() * n, (logits.argmax(dim=1) == y).sum().item(), n],
                                   dtype=torch.float64)
         batches.close()
-        if not grads.is_intact():  # e.g. zero_grad(set_to_none=True) slipped in
-            raise RuntimeError("a gradient left the bucket's flat buffer, so it was not averaged")
-
+        sent += bagua.comm.bytes_sent() - sent_before
         bagua.comm.allreduce(stats, op=bagua.comm.ReduceOp.SUM)  # totals over all ranks' samples
         train_loss, train_acc = (stats[0] / stats[2]).item(), (stats[1] / stats[2]).item()
         test_acc = accuracy(model, test_set)  # the test set is tiny: every rank evaluates all of it
-        if rank == 0:
-            print(f"epoch {epoch:3d}  train loss {train_loss:.4f}  train acc {train_acc:.4f}  "
-                  f"test acc {test_acc:.4f}  time {time.perf_counter() - start:.2f}s", flush=True)
+        log(f"epoch {epoch:3d}  train loss {train_loss:.4f}  train acc {train_acc:.4f}  "
+            f"test acc {test_acc:.4f}  time {time.perf_counter() - start:.2f}s")
 
-    identical = parameters_identical_on_all_ranks(params)
-    if rank == 0:
-        print(f"gradient averaging: rank 0 sent {grad_bytes / 1e6:.2f} MB "
-              f"({grads.nbytes / 1e3:.1f} kB of fp32 gradients per step)")
-        print(f"parameters identical on all ranks: {identical}")
-        print(f"final test accuracy: {test_acc:.4f} (world size {world}, compression {args.compression})")
-        other = ("python examples/train_digits.py" if world > 1
-                 else "torchrun --standalone --nproc-per-node 2 examples/train_digits.py")
-        print(f"compare with the other run (same flags): {other}")
+    params = list(model.parameters())
+    identical_after_training = parameters_identical_on_all_ranks(params)
+    if isinstance(algorithm, bagua.algorithms.AsyncModelAverageAlgorithm):
+        algorithm.abort(ddp)  # stops the background averaging on every rank, then averages once
+    elif not identical_after_training:
+        average_parameters(params)  # decentralized: evaluate the average of the replicas
+    ddp.close()
+    return {
+        "test_acc": accuracy(model, test_set),
+        "identical_after_training": identical_after_training,
+        "identical": parameters_identical_on_all_ranks(params),
+        "bytes_sent": sent,
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    bagua.init_process_group()  # under torchrun: its env; alone: a world of one
+    rank, world = bagua.get_rank(), bagua.get_world_size()
+    # Share this machine's cores among its ranks (2 ranks on 2 cores: one thread each).
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // bagua.get_local_size()))
+    log = (lambda line: print(line, flush=True)) if rank == 0 else (lambda line: None)
+    result = train(args, log)
+    log(f"communication: rank 0 sent {result['bytes_sent'] / 1e6:.2f} MB")
+    if not result["identical_after_training"]:
+        log("replicas differed after training (as this algorithm allows); averaged once for evaluation")
+    log(f"parameters identical on all ranks: {result['identical']}")
+    log(f"final test accuracy: {result['test_acc']:.4f} (world size {world}, algorithm {args.algorithm})")
+    other = ("python examples/train_digits.py" if world > 1
+             else "torchrun --standalone --nproc-per-node 2 examples/train_digits.py")
+    log(f"compare with the other run (same flags): {other}")
     bagua.destroy_process_group()
 
 

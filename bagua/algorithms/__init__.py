@@ -7,12 +7,15 @@ Example::
     algo = Algorithm.init("decentralized", peer_selection_mode="shift_one")
 """
 
+from .async_model_average import AsyncModelAverageAlgorithm
 from .base import Algorithm, AlgorithmImpl, registered_names
 from .bytegrad import ByteGradAlgorithm
 from .decentralized import DecentralizedAlgorithm
 from .gradient_allreduce import GradientAllReduceAlgorithm
+from .low_precision_decentralized import LowPrecisionDecentralizedAlgorithm
+from .q_adam import QAdamAlgorithm
 
 __all__ = [
-    "Algorithm", "AlgorithmImpl", "ByteGradAlgorithm", "DecentralizedAlgorithm",
-    "GradientAllReduceAlgorithm", "registered_names",
+    "Algorithm", "AlgorithmImpl", "AsyncModelAverageAlgorithm", "ByteGradAlgorithm", "DecentralizedAlgorithm",
+    "GradientAllReduceAlgorithm", "LowPrecisionDecentralizedAlgorithm", "QAdamAlgorithm", "registered_names",
 ]

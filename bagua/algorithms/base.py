@@ -140,7 +140,12 @@ class Algorithm:
             raise ValueError(
                 f"unknown algorithm {name!r}; registered: {', '.join(registered_names())}"
             ) from None
-        return algorithm_cls(**kwargs)
+        try:
+            return algorithm_cls(**kwargs)
+        except TypeError as error:
+            raise TypeError(
+                f"Algorithm.init({name!r}, ...): {error}; see help({algorithm_cls.__module__}.{algorithm_cls.__qualname__})"
+            ) from error
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))

@@ -271,7 +271,7 @@ def get_inter_node_group() -> BaguaProcessGroup:
 
 
 def new_group(ranks: list[int]) -> BaguaProcessGroup:
-    """A group of the given global ranks. Every rank must call it, with the same list.
+    """A new communicator over the given global ranks. Every rank must call it, with the same list.
 
     Example::
 
@@ -282,8 +282,8 @@ def new_group(ranks: list[int]) -> BaguaProcessGroup:
     ranks = [int(r) for r in ranks]
     if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < world for r in ranks):
         raise ValueError(f"ranks must be distinct global ranks in [0, {world}), got {ranks}")
-    if sorted(ranks) == list(range(world)) and ranks == sorted(ranks):
-        return state.global_group
+    # Always a communicator of its own, even for all ranks: collectives on it never interleave
+    # with those of other groups (a background thread may own it).
     return BaguaProcessGroup(tuple(ranks), dist.new_group(ranks), state.global_group.backend)
 
 

@@ -137,7 +137,7 @@ class DistributedDataParallel(torch.nn.Module):
         for rank, (row, size) in zip(self.process_group.ranks, zip(everyone, sizes)):
             theirs = set(_parse_entries(bytes(row[:size].tolist())))
             if theirs != reference:
-                extra, missing = sorted(theirs - reference)[:3], sorted(reference - theirs)[:3]
+                extra, missing = sorted(theirs - reference, key=repr)[:3], sorted(reference - theirs, key=repr)[:3]
                 lines.append(f"rank {rank}: has {extra} that rank {self.process_group.ranks[0]} lacks, lacks {missing}")
         raise ValueError(
             "bagua.DistributedDataParallel: the model differs across ranks (parameter/buffer names, "
@@ -194,6 +194,10 @@ class DistributedDataParallel(torch.nn.Module):
     def names_in(self, bucket: Bucket) -> list[str]:
         """The names (parameter names) of ``bucket``'s tensors, in bucket order."""
         return self._bucket_names[next(i for i, b in enumerate(self.buckets) if b is bucket)]
+
+    def named_parameter(self, name: str) -> torch.nn.Parameter:
+        """The trainable parameter called ``name``."""
+        return self._params[name]
 
     def mark_ready(self, name: str) -> None:
         """Declare the bucketed tensor ``name`` ready for this step (algorithms call this)."""

@@ -1,0 +1,104 @@
+"""async model averaging and qadam on real ranks: they train, stay consistent, and stop cleanly."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+import bagua
+from tests.harness import run_ranks
+from tests.parallel.models import flat_params, make_model, rank_batches
+
+
+def _loss(model, batches) -> float:
+    with torch.no_grad():
+        return sum(torch.nn.functional.cross_entropy(model(x), y).item() for x, y in batches) / len(batches)
+
+
+def _async_run(rank: int) -> dict:
+    batches = rank_batches(rank, 40)
+    model = make_model(seed=rank)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    algo = bagua.algorithms.AsyncModelAverageAlgorithm(sync_interval_ms=5, warmup_steps=3)
+    ddp = bagua.DistributedDataParallel(model, [opt], algo)
+    start_loss = _loss(model, batches)
+
+    def train(steps):
+        for x, y in steps:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+            time.sleep(0.01 * (1 + rank))  # ranks at different speeds: nobody waits for anybody
+
+    train(batches[:3])
+    after_warmup = flat_params(model)  # warm-up was synchronous: identical on all ranks
+    train(batches[3:20])
+    during = flat_params(model)
+    algo.abort(ddp)
+    rounds_first = ddp.impl.rounds
+    after_abort = flat_params(model)
+    algo.resume(ddp)
+    train(batches[20:])
+    algo.abort(ddp)
+    ddp.close()
+    return dict(after_warmup=after_warmup, during=during, after_abort=after_abort, final=flat_params(model),
+                rounds_first=rounds_first, rounds=ddp.impl.rounds, start_loss=start_loss, end_loss=_loss(model, batches))
+
+
+def test_async_averages_in_the_background_and_aborts_to_identical_weights():
+    a, b = run_ranks(_async_run, 2, timeout=120)
+    assert torch.equal(a["after_warmup"], b["after_warmup"])
+    assert not torch.equal(a["during"], b["during"])  # asynchronous: the replicas drift apart...
+    assert a["rounds_first"] > 0 and a["rounds_first"] == b["rounds_first"]  # ...while rounds average them
+    assert a["rounds"] > a["rounds_first"]  # resume() restarted the loop
+    assert torch.equal(a["after_abort"], b["after_abort"])  # abort(): identical on every rank
+    assert torch.equal(a["final"], b["final"])
+    assert a["end_loss"] < a["start_loss"]  # it trains (convergence on real data: test_convergence.py)
+
+
+def _qadam_run(rank: int, hierarchical: bool) -> dict:
+    batches = rank_batches(rank, 30)
+    model = make_model(seed=rank)
+    opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=10)
+    ddp = bagua.DistributedDataParallel(model, [opt], bagua.algorithms.QAdamAlgorithm(opt, hierarchical=hierarchical))
+    start_loss, sent = _loss(model, batches), []
+    for x, y in batches:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+        sent.append(ddp.bytes_sent_this_step)
+    momentum = torch.cat([opt.state[p]["exp_avg"].reshape(-1) for p in model.parameters()])
+    return dict(params=flat_params(model), momentum=momentum, sent=sent, start_loss=start_loss,
+                end_loss=_loss(model, batches))
+
+
+def test_qadam_trains_identically_on_all_ranks_with_compressed_momentum():
+    results = run_ranks(_qadam_run, 2, False)
+    for r in results[1:]:
+        assert torch.equal(r["params"], results[0]["params"])
+        assert torch.equal(r["momentum"], results[0]["momentum"])
+    sent = results[0]["sent"]
+    numel = results[0]["params"].numel()
+    assert sent[:10] == [4 * numel] * 10  # warm-up: exact fp32 gradient allreduce
+    assert 3.5 <= sent[0] / sent[-1] <= 4.0  # then 8-bit momentum
+    assert results[0]["end_loss"] < 0.7 * results[0]["start_loss"]
+
+
+def test_qadam_hierarchical_on_two_simulated_nodes():
+    results = run_ranks(_qadam_run, 4, True, local_world_size=2)
+    for r in results[1:]:
+        assert torch.equal(r["params"], results[0]["params"])
+    assert results[0]["end_loss"] < 0.7 * results[0]["start_loss"]
+
+
+def test_qadam_optimizer_alone_is_adam_during_warmup():
+    model, reference = make_model(), make_model()
+    opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=5, weight_decay=0.01)
+    ref = torch.optim.Adam(reference.parameters(), lr=0.01, weight_decay=0.01)
+    for x, y in rank_batches(0, 5):
+        for m, o in ((model, opt), (reference, ref)):
+            o.zero_grad()
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+            o.step()
+    torch.testing.assert_close(flat_params(model), flat_params(reference), rtol=1e-5, atol=1e-6)

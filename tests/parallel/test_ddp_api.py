@@ -1,0 +1,128 @@
+"""The wrapper's contract: names, registry, wrap-time checks, unused parameters, dead peers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import bagua
+from bagua.algorithms import Algorithm
+from tests.harness import run_ranks, run_ranks_expect_errors
+from tests.parallel.models import flat_params, make_model, rank_batches
+
+ALL_NAMES = ["async", "bytegrad", "decentralized", "gradient_allreduce", "low_precision_decentralized", "qadam"]
+
+
+def test_registry_lists_the_six_algorithms_and_builds_by_name():
+    assert set(ALL_NAMES) <= set(bagua.algorithms.registered_names())
+    algo = Algorithm.init("decentralized", peer_selection_mode="shift_one", communication_interval=3)
+    assert isinstance(algo, bagua.algorithms.DecentralizedAlgorithm)
+    assert (algo.peer_selection_mode, algo.communication_interval) == ("shift_one", 3)
+
+
+def test_unknown_name_lists_the_registered_ones():
+    with pytest.raises(ValueError, match="unknown algorithm 'bytegrd'; registered: .*bytegrad.*gradient_allreduce"):
+        Algorithm.init("bytegrd")
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: bagua.algorithms.DecentralizedAlgorithm(peer_selection_mode="ring"), "peer_selection_mode must be one of"),
+    (lambda: bagua.algorithms.DecentralizedAlgorithm(communication_interval=0), "communication_interval must be an integer >= 1, got 0"),
+    (lambda: bagua.algorithms.AsyncModelAverageAlgorithm(sync_interval_ms=-1), "sync_interval_ms must be an integer >= 0"),
+    (lambda: bagua.algorithms.QAdamAlgorithm(torch.optim.Adam(make_model().parameters())), "needs a bagua.optim.QAdamOptimizer"),
+    (lambda: Algorithm.init("qadam"), "missing 1 required positional argument: 'q_adam_optimizer'"),
+    (lambda: bagua.optim.QAdamOptimizer(make_model().parameters(), warmup_steps=0), "warmup_steps must be an integer >= 1"),
+])
+def test_bad_arguments_are_clear_errors(make, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        make()
+
+
+def test_a_new_algorithm_registers_and_rejects_a_taken_name():
+    @Algorithm.register("test_only_noop")
+    class Noop(Algorithm):
+        def reify(self, process_group):
+            return bagua.algorithms.AlgorithmImpl(process_group)
+
+    assert isinstance(Algorithm.init("test_only_noop"), Noop)
+    with pytest.raises(ValueError, match="already registered"):
+        Algorithm.register("test_only_noop")(type("Other", (Algorithm,), {}))
+
+
+def test_wrapping_before_init_is_a_clear_error():
+    with pytest.raises(bagua.comm.NotInitializedError, match="call bagua.init_process_group"):
+        bagua.DistributedDataParallel(make_model())
+
+
+def _with_bagua(rank: int):
+    model = make_model(seed=rank)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    wrapped = bagua.with_bagua(model, [opt], "bytegrad")
+    assert isinstance(wrapped, bagua.DistributedDataParallel) and wrapped.module is model
+    return flat_params(model)  # broadcast from rank 0 at wrap time
+
+
+def test_with_bagua_wraps_and_broadcasts_rank0_weights():
+    a, b = run_ranks(_with_bagua, 2)
+    assert torch.equal(a, b) and torch.equal(a, flat_params(make_model(seed=0)))
+
+
+def _different_models(rank: int):
+    model = make_model() if rank == 0 else torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.Linear(16, 3))
+    bagua.DistributedDataParallel(model)
+
+
+def test_models_that_differ_across_ranks_are_a_clear_error_on_every_rank():
+    errors = run_ranks_expect_errors(_different_models, 2)
+    for tb in errors.values():
+        assert "the model differs across ranks" in tb and "rank 1: has" in tb and "1.weight" in tb
+
+
+class _TwoHeads(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body, self.head, self.unused_head = torch.nn.Linear(12, 8), torch.nn.Linear(8, 3), torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.body(x)))
+
+
+def _unused(rank: int, find_unused: bool):
+    model = _TwoHeads()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ddp = bagua.DistributedDataParallel(model, [opt], find_unused_parameters=find_unused, bucket_size_bytes=64)
+    for x, y in rank_batches(rank, 3):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    return flat_params(model), model.unused_head.weight.detach().clone()
+
+
+def test_unused_parameters_are_a_clear_error_without_find_unused_parameters():
+    errors = run_ranks_expect_errors(_unused, 2, False)
+    for tb in errors.values():
+        assert "got no gradient in this step (unused_head.bias, unused_head.weight)" in tb
+        assert "find_unused_parameters=True" in tb
+
+
+def test_find_unused_parameters_trains_and_leaves_unused_ones_alone():
+    (a, unused_a), (b, unused_b) = run_ranks(_unused, 2, True)
+    assert torch.equal(a, b)
+    assert torch.equal(unused_a, _TwoHeads().unused_head.weight.detach())
+
+
+def _peer_dies(rank: int):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ddp = bagua.DistributedDataParallel(model, [opt])
+    if rank == 1:
+        raise RuntimeError("rank 1 stops here on purpose")
+    x, y = rank_batches(rank, 1)[0]
+    torch.nn.functional.cross_entropy(ddp(x), y).backward()
+
+
+def test_a_dead_peer_ends_in_an_error_naming_the_operation():
+    errors = run_ranks_expect_errors(_peer_dies, 2, comm_timeout_s=5.0, timeout=60)
+    assert "on purpose" in errors[1]
+    assert "allreduce" in errors[0] and "bucket" in errors[0], errors[0]

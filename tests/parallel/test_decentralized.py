@@ -1,0 +1,164 @@
+"""decentralized and low_precision_decentralized match a single-process simulation of their update rules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import bagua
+from bagua.algorithms.decentralized import shift_one_peer
+from bagua.comm.compression import MinMaxUInt8
+from tests.harness import run_ranks, run_ranks_expect_errors
+from tests.parallel.models import flat_params, make_model, rank_batches
+
+STEPS = 6
+LR = 0.1
+
+
+def _trajectory(rank: int, algorithm) -> list[torch.Tensor]:
+    model = make_model(seed=rank)  # wrapping broadcasts rank 0's weights
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    ddp = bagua.DistributedDataParallel(model, [opt], algorithm=algorithm)
+    out = [flat_params(model)]
+    for x, y in rank_batches(rank, STEPS):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+        out.append(flat_params(model))
+    return out
+
+
+def _set_flat(model: torch.nn.Module, flat: torch.Tensor) -> None:
+    offset = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+def _grads(weights: list[torch.Tensor], step: int) -> list[torch.Tensor]:
+    """Each simulated rank's gradient at its own weights, on its own batch of ``step``."""
+    out = []
+    for rank, w in enumerate(weights):
+        model = make_model()
+        _set_flat(model, w)
+        x, y = rank_batches(rank, STEPS)[step]
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        out.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+    return out
+
+
+def _simulate_decentralized(world: int, mode: str, interval: int) -> list[list[torch.Tensor]]:
+    x = [flat_params(make_model(seed=0)) for _ in range(world)]
+    history, comm_step = [[w.clone() for w in x]], 0
+    for t in range(STEPS):
+        g = _grads(x, t)
+        if t % interval == 0:
+            if mode == "all":
+                mean = torch.stack(x).sum(0) / world
+                x = [mean.clone() for _ in range(world)]
+            else:
+                x = [(x[r] + x[shift_one_peer(r, world, comm_step)]) * 0.5 for r in range(world)]
+            comm_step += 1
+        x = [w.add(gr, alpha=-LR) for w, gr in zip(x, g)]
+        history.append([w.clone() for w in x])
+    return history
+
+
+@pytest.mark.parametrize("world, mode, interval", [(2, "all", 1), (3, "all", 2), (2, "shift_one", 1), (4, "shift_one", 1)])
+def test_decentralized_matches_simulation(world, mode, interval):
+    algo = bagua.algorithms.DecentralizedAlgorithm(peer_selection_mode=mode, communication_interval=interval)
+    runs = run_ranks(_trajectory, world, algo, timeout=120)
+    expected = _simulate_decentralized(world, mode, interval)
+    for step in range(STEPS + 1):
+        for rank in range(world):
+            torch.testing.assert_close(runs[rank][step], expected[step][rank], rtol=0, atol=1e-6)
+    # it is decentralized: the ranks do not hold identical weights
+    assert not torch.equal(runs[0][-1], runs[1][-1])
+
+
+def test_shift_one_pairs_every_rank_with_a_new_peer_each_step():
+    for n in (2, 4, 6, 8):
+        for t in range(n):
+            peers = [shift_one_peer(r, n, t) for r in range(n)]
+            assert all(peers[peers[r]] == r and peers[r] != r for r in range(n))
+        met = {(r, shift_one_peer(r, n, t)) for r in range(n // 2) for t in range(n // 2)}
+        assert met == {(r, s) for r in range(n // 2) for s in range(n // 2, n)}
+
+
+def _simulate_low_precision(world: int) -> list[list[torch.Tensor]]:
+    """DCD-PSGD on a ring, on the bucket's flat layout (parameters in reverse order)."""
+    codec = MinMaxUInt8()
+    shapes = [p.numel() for p in make_model().parameters()]
+
+    def to_bucket(flat):  # model order -> bucket order (last parameter first)
+        return torch.cat(list(reversed(torch.split(flat, shapes))))
+
+    def from_bucket(flat):
+        return torch.cat(list(reversed(torch.split(flat, list(reversed(shapes))))))
+
+    x = [to_bucket(flat_params(make_model(seed=0))) for _ in range(world)]
+    neighbours = [sorted({(r - 1) % world, (r + 1) % world} - {r}) for r in range(world)]
+    weight = 1.0 / (1 + len(neighbours[0]))
+    own = [w.clone() for w in x]
+    peers = [{j: x[0].clone() for j in neighbours[r]} for r in range(world)]
+    history = [[from_bucket(w) for w in x]]
+    for t in range(STEPS):
+        g = [to_bucket(gr) for gr in _grads([from_bucket(w) for w in x], t)]
+        half = []
+        for r in range(world):
+            mixed = x[r] * weight
+            for j in neighbours[r]:
+                mixed.add_(peers[r][j] * weight)
+            half.append(mixed.add_(g[r], alpha=-LR))
+        deltas = [codec.decode(codec.encode(half[r] - own[r])) for r in range(world)]
+        for r in range(world):
+            own[r] += deltas[r]
+            x[r] = own[r].clone()
+            for j in neighbours[r]:
+                peers[r][j] += deltas[j]
+        history.append([from_bucket(w) for w in x])
+    return history
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_low_precision_decentralized_matches_simulation(world):
+    runs = run_ranks(_trajectory, world, bagua.algorithms.LowPrecisionDecentralizedAlgorithm(), timeout=120)
+    expected = _simulate_low_precision(world)
+    for step in range(STEPS + 1):
+        for rank in range(world):
+            torch.testing.assert_close(runs[rank][step], expected[step][rank], rtol=0, atol=1e-6)
+    assert not torch.equal(runs[0][-1], runs[1][-1])
+
+
+def _hierarchical_trajectory(rank: int, name: str):
+    algo = bagua.algorithms.Algorithm.init(name, hierarchical=True)
+    return _trajectory(rank, algo)
+
+
+def test_hierarchical_decentralized_matches_simulation():
+    # two simulated nodes of two ranks: exact within a node, then the two leaders average
+    # ("all"), which is the global average: x_{t+1} = mean(x_t) - lr * g_i(x_t)
+    runs = run_ranks(_hierarchical_trajectory, 4, "decentralized", local_world_size=2, timeout=120)
+    expected = _simulate_decentralized(4, "all", 1)
+    for step in range(STEPS + 1):
+        for rank in range(4):
+            torch.testing.assert_close(runs[rank][step], expected[step][rank], rtol=0, atol=1e-6)
+
+
+def test_hierarchical_low_precision_keeps_each_node_identical():
+    runs = run_ranks(_hierarchical_trajectory, 4, "low_precision_decentralized", local_world_size=2, timeout=120)
+    for node in (0, 2):  # exact averaging within a node after every step
+        for step in range(1, STEPS + 1):
+            torch.testing.assert_close(runs[node][step], runs[node + 1][step], rtol=0, atol=1e-6)
+    assert not torch.equal(runs[0][-1], runs[2][-1])  # compressed and decentralized across nodes
+    assert not torch.equal(runs[0][-1], runs[0][0])
+
+
+def _shift_one_odd(rank: int):
+    bagua.DistributedDataParallel(make_model(), algorithm=bagua.algorithms.DecentralizedAlgorithm(peer_selection_mode="shift_one"))
+
+
+def test_shift_one_with_an_odd_world_size_is_a_clear_error():
+    errors = run_ranks_expect_errors(_shift_one_odd, 3)
+    assert all("needs an even number" in tb and "got 3" in tb for tb in errors.values())
