@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
@@ -69,26 +68,6 @@ def _check_complexities(values: np.ndarray, where: str) -> None:
     if negative.any():
         i = int(np.argmax(negative))
         raise ValueError(f"complexities must be >= 0; {where} {i} has complexity {values[i]!r}")
-
-
-@dataclass(frozen=True)
-class _EpochPlan:
-    """One epoch's assignment, identical on every rank.
-
-    ``groups[j]`` holds the dataset indices of the j-th cheapest group of ``num_replicas``
-    samples; rank ``r`` takes ``groups[j, (r + shift[j]) % num_replicas]``; steps visit
-    the groups in ``step_order``.
-    """
-
-    groups: np.ndarray  # (num_groups, num_replicas) int64
-    shift: np.ndarray  # (num_groups,) int64
-    step_order: np.ndarray  # (num_groups,) int64
-
-    def column(self, rank: int, rows: Optional[np.ndarray] = None) -> np.ndarray:
-        """Rank ``rank``'s dataset indices for the groups ``rows`` (default: in step order)."""
-        rows = self.step_order if rows is None else rows
-        width = self.groups.shape[1]
-        return self.groups[rows, (rank + self.shift[rows]) % width]
 
 
 class LoadBalancingDistributedSampler(Sampler[int]):
@@ -205,7 +184,7 @@ class LoadBalancingDistributedSampler(Sampler[int]):
         self._small_int_keys = bool(
             n and self._cmax - self._cmin < 2**16 and np.array_equal(values, np.floor(values))
         )
-        self._cached: Optional[tuple[int, _EpochPlan]] = None
+        self._cached: Optional[tuple[int, np.ndarray]] = None
 
     def _sort_keys(self, values: np.ndarray) -> np.ndarray:
         """Keys with the order of ``values`` (a gathered copy of the complexities, no noise)."""
@@ -252,22 +231,25 @@ class LoadBalancingDistributedSampler(Sampler[int]):
         return self.num_samples
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._plan().column(self.rank).tolist())
+        return iter(self._plan()[:, self.rank].tolist())
 
     def indices_for_rank(self, rank: int) -> list[int]:
         """The indices rank ``rank`` yields this epoch (for inspection; no communication)."""
         rank = _check_int("rank", rank)
         if not 0 <= rank < self.num_replicas:
             raise ValueError(f"rank must be in [0, num_replicas={self.num_replicas}), got {rank}")
-        return self._plan().column(rank).tolist()
+        return self._plan()[:, rank].tolist()
 
-    def _plan(self) -> _EpochPlan:
-        """This epoch's plan (cached for the current epoch)."""
+    def _plan(self) -> np.ndarray:
+        """This epoch's ``(len(self), num_replicas)`` matrix: ``[j, r]`` is rank r's j-th index.
+
+        Identical on every rank; cached for the current epoch.
+        """
         if self._cached is None or self._cached[0] != self.epoch:
             self._cached = (self.epoch, self._make_plan(self.epoch))
         return self._cached[1]
 
-    def _make_plan(self, epoch: int) -> _EpochPlan:
+    def _make_plan(self, epoch: int) -> np.ndarray:
         c = self.complexities
         n, width, total = len(c), self.num_replicas, self.total_size
         kept = min(n, total)
@@ -292,13 +274,12 @@ class LoadBalancingDistributedSampler(Sampler[int]):
             tail = order[kept - partial:]
             order = np.concatenate([order, tail[np.arange(total - kept) % partial]])
         groups = order.reshape(self.num_samples, width)
-        if rng is not None:
-            shift = rng.integers(0, width, size=self.num_samples, dtype=idx_dtype)
-            step_order = rng.permutation(self.num_samples).astype(idx_dtype, copy=False)
-        else:
-            shift = np.zeros(self.num_samples, dtype=idx_dtype)
-            step_order = np.arange(self.num_samples, dtype=idx_dtype)
-        return _EpochPlan(groups, shift, step_order)
+        if rng is None:
+            return groups
+        steps = groups[rng.permutation(self.num_samples)]
+        rotate = rng.integers(0, width, size=(self.num_samples, 1), dtype=idx_dtype)
+        member = (np.arange(width, dtype=idx_dtype) + rotate) % width
+        return np.take_along_axis(steps, member, axis=1)
 
 
 class LoadBalancingDistributedBatchSampler(Sampler[list[int]]):
@@ -391,13 +372,13 @@ class LoadBalancingDistributedBatchSampler(Sampler[list[int]]):
             self._cached = (key, batches)
         return self._cached[1]
 
-    def _budget_batches(self, plan: _EpochPlan, rank: int) -> list[list[int]]:
+    def _budget_batches(self, plan: np.ndarray, rank: int) -> list[list[int]]:
         budget = self.max_complexity
-        num_groups = plan.groups.shape[0]
+        num_groups = plan.shape[0]
         if num_groups == 0:
             return []
         # Cost of a group = its largest member; groups in increasing cost (already nearly so).
-        group_cost = self.sampler.complexities[plan.groups].max(axis=1)
+        group_cost = self.sampler.complexities[plan].max(axis=1)
         rows = np.argsort(group_cost, kind="stable")
         cost = group_cost[rows]
         oversized = cost > budget
@@ -439,18 +420,18 @@ class LoadBalancingDistributedBatchSampler(Sampler[list[int]]):
             bounds.append(a)
             a += take[a]
         bounds.append(num_groups)
-        col = plan.column(rank, rows).tolist()
+        col = plan[rows, rank].tolist()
         batches = [col[bounds[i]:bounds[i + 1]] for i in range(len(bounds) - 1)]
         if self.sampler.shuffle:
             order = _epoch_rng(self.sampler.seed, self.sampler.epoch, _BATCH_STREAM).permutation(len(batches))
             batches = [batches[i] for i in order.tolist()]
         return batches
 
-    def _fn_batches(self, plan: _EpochPlan, rank: int) -> list[list[int]]:
+    def _fn_batches(self, plan: np.ndarray, rank: int) -> list[list[int]]:
         counts = []
         own: list[list[int]] = []
         for r in range(self.num_replicas):
-            result = self.batch_fn(plan.column(r).tolist())
+            result = self.batch_fn(plan[:, r].tolist())
             try:
                 batches = [list(b) for b in result]
             except TypeError as e:
