@@ -63,11 +63,11 @@ def _check_complexities(values: np.ndarray, where: str) -> None:
     bad = ~np.isfinite(values)
     if bad.any():
         i = int(np.argmax(bad))
-        raise ValueError(f"complexities must be finite; {where} {i} has complexity {values[i]!r}")
+        raise ValueError(f"complexities must be finite; {where} {i} has complexity {float(values[i])!r}")
     negative = values < 0
     if negative.any():
         i = int(np.argmax(negative))
-        raise ValueError(f"complexities must be >= 0; {where} {i} has complexity {values[i]!r}")
+        raise ValueError(f"complexities must be >= 0; {where} {i} has complexity {float(values[i])!r}")
 
 
 class LoadBalancingDistributedSampler(Sampler[int]):
