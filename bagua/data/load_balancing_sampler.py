@@ -35,6 +35,8 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 import numpy as np
 from torch.utils.data import Sampler
 
+from ..comm import get_rank, get_world_size
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["LoadBalancingDistributedSampler", "LoadBalancingDistributedBatchSampler"]
@@ -90,6 +92,17 @@ class LoadBalancingDistributedSampler(Sampler[int]):
     (so the padded step stays balanced); with ``drop_last`` the samples dropped are random
     ones when shuffling (the tail of a random permutation) and the highest indices otherwise.
 
+    Cost: one sort per epoch, O(n log n) (a radix sort, O(n), for integer complexities
+    spanning less than 65536), cached for the epoch; construction only checks and copies
+    the complexities. Every rank must see the same complexities and run the same numpy
+    version (numpy's generators may change streams between versions).
+
+    Balance is limited by the spread inside a group: with a heavy tail, the group of the
+    ``num_replicas`` largest samples differs most, so very short epochs on many ranks
+    balance less well (see ``benchmarks/results/sampler.md``). ``random_level`` noise is
+    relative to the whole range ``max - min``, so on a heavy-tailed distribution even a
+    small level mixes groups considerably.
+
     Args:
         dataset: the map-style dataset (only ``len(dataset)`` is used when ``complexities``
             is given).
@@ -126,13 +139,10 @@ class LoadBalancingDistributedSampler(Sampler[int]):
         drop_last: bool = False,
         random_level: float = 0.0,
     ) -> None:
-        if num_replicas is None or rank is None:
-            from ..comm import get_rank, get_world_size
-
-            if num_replicas is None:
-                num_replicas = get_world_size()
-            if rank is None:
-                rank = get_rank()
+        if num_replicas is None:
+            num_replicas = get_world_size()
+        if rank is None:
+            rank = get_rank()
         num_replicas = _check_int("num_replicas", num_replicas, minimum=1)
         rank = _check_int("rank", rank)
         if not 0 <= rank < num_replicas:
@@ -345,7 +355,7 @@ class LoadBalancingDistributedBatchSampler(Sampler[list[int]]):
         self.drop_last = bool(drop_last)
         self.num_replicas = sampler.num_replicas
         self.rank = sampler.rank
-        self._cached: Optional[tuple[tuple[int, int], list[list[int]]]] = None
+        self._layout: Optional[tuple[int, np.ndarray, Any]] = None
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch of the underlying sampler."""
@@ -362,21 +372,34 @@ class LoadBalancingDistributedBatchSampler(Sampler[list[int]]):
         rank = _check_int("rank", rank)
         if not 0 <= rank < self.num_replicas:
             raise ValueError(f"rank must be in [0, num_replicas={self.num_replicas}), got {rank}")
-        key = (self.sampler.epoch, rank)
-        if self._cached is None or self._cached[0] != key:
+        epoch = self.sampler.epoch
+        if self._layout is None or self._layout[0] != epoch:
             plan = self.sampler._plan()
-            if self.max_complexity is not None:
-                batches = self._budget_batches(plan, rank)
-            else:
-                batches = self._fn_batches(plan, rank)
-            self._cached = (key, batches)
-        return self._cached[1]
+            layout = self._budget_layout(plan) if self.max_complexity is not None else self._fn_layout(plan)
+            self._layout = (epoch, plan, layout)
+        _, plan, layout = self._layout
+        if self.max_complexity is not None:
+            rows, bounds = layout
+            col = plan[rows, rank].tolist()
+            return [col[bounds[i]:bounds[i + 1]] for i in range(len(bounds) - 1)]
+        counts = [len(b) for b in layout]
+        target = min(counts) if self.drop_last else max(counts)
+        own = layout[rank]
+        if len(own) < target:
+            if not own:
+                raise ValueError(
+                    f"batch_fn returned no batch for rank {rank} but {target} for another rank; "
+                    f"cannot pad to equal batch counts"
+                )
+            own = own + [own[i % len(own)] for i in range(target - len(own))]
+        return own[:target]
 
-    def _budget_batches(self, plan: np.ndarray, rank: int) -> list[list[int]]:
+    def _budget_layout(self, plan: np.ndarray) -> tuple[np.ndarray, list[int]]:
+        """Rows of ``plan`` in batch order, and the batch boundaries in that array (all ranks)."""
         budget = self.max_complexity
         num_groups = plan.shape[0]
         if num_groups == 0:
-            return []
+            return np.zeros(0, dtype=np.int64), [0]
         # Cost of a group = its largest member; groups in increasing cost (already nearly so).
         group_cost = self.sampler.complexities[plan].max(axis=1)
         rows = np.argsort(group_cost, kind="stable")
@@ -393,7 +416,7 @@ class LoadBalancingDistributedBatchSampler(Sampler[list[int]]):
                 rows, cost = rows[keep], cost[keep]
                 num_groups = len(rows)
                 if num_groups == 0:
-                    return []
+                    return rows, [0]
             else:
                 logger.warning(
                     "LoadBalancingDistributedBatchSampler: %d sample group(s) exceed "
@@ -420,33 +443,22 @@ class LoadBalancingDistributedBatchSampler(Sampler[list[int]]):
             bounds.append(a)
             a += take[a]
         bounds.append(num_groups)
-        col = plan[rows, rank].tolist()
-        batches = [col[bounds[i]:bounds[i + 1]] for i in range(len(bounds) - 1)]
-        if self.sampler.shuffle:
-            order = _epoch_rng(self.sampler.seed, self.sampler.epoch, _BATCH_STREAM).permutation(len(batches))
-            batches = [batches[i] for i in order.tolist()]
-        return batches
+        if not self.sampler.shuffle:
+            return rows, bounds
+        order = _epoch_rng(self.sampler.seed, self.sampler.epoch, _BATCH_STREAM).permutation(len(bounds) - 1)
+        segments = [rows[bounds[i]:bounds[i + 1]] for i in order.tolist()]
+        new_bounds = np.concatenate([[0], np.cumsum([len(seg) for seg in segments])]).tolist()
+        return np.concatenate(segments), new_bounds
 
-    def _fn_batches(self, plan: np.ndarray, rank: int) -> list[list[int]]:
-        counts = []
-        own: list[list[int]] = []
+    def _fn_layout(self, plan: np.ndarray) -> list[list[list[int]]]:
+        """``batch_fn``'s batches for every rank (before padding or truncating)."""
+        out = []
         for r in range(self.num_replicas):
             result = self.batch_fn(plan[:, r].tolist())
             try:
-                batches = [list(b) for b in result]
+                out.append([list(b) for b in result])
             except TypeError as e:
                 raise ValueError(
                     f"batch_fn must return an iterable of batches (lists of indices), got {result!r}"
                 ) from e
-            counts.append(len(batches))
-            if r == rank:
-                own = batches
-        target = min(counts) if self.drop_last else max(counts)
-        if len(own) < target:
-            if not own:
-                raise ValueError(
-                    f"batch_fn returned no batch for rank {rank} but {target} for another rank; "
-                    f"cannot pad to equal batch counts"
-                )
-            own = own + [own[i % len(own)] for i in range(target - len(own))]
-        return own[:target]
+        return out
