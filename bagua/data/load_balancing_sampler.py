@@ -206,10 +206,17 @@ class LoadBalancingDistributedSampler(Sampler[int]):
     def _from_sequence(complexities: Any, n: int) -> np.ndarray:
         if hasattr(complexities, "detach"):  # a torch tensor
             complexities = complexities.detach().cpu().numpy()
-        try:  # always a copy: later changes by the caller must not move the plan
-            values = np.array(complexities, dtype=np.float64)
+        try:
+            raw = np.asarray(complexities)
         except (TypeError, ValueError) as e:
             raise ValueError(f"complexities must be a sequence of numbers: {e}") from e
+        if raw.dtype.kind not in "biuf":
+            first = raw.ravel()[:1].tolist()
+            raise ValueError(
+                f"complexities must be a sequence of numbers, got elements of type {raw.dtype} "
+                f"(first: {first[0] if first else None!r})"
+            )
+        values = np.array(raw, dtype=np.float64)  # a copy: later changes by the caller must not move the plan
         if values.ndim != 1:
             raise ValueError(f"complexities must be one-dimensional, got shape {values.shape}")
         if len(values) != n:
