@@ -7,7 +7,7 @@ Example::
     print(bagua.get_rank(), bagua.get_world_size())
 """
 
-from . import algorithms, comm, optim, parallel
+from . import algorithms, comm, data, optim, parallel
 from .comm import (
     destroy_process_group,
     get_local_rank,
@@ -22,6 +22,6 @@ from .parallel import DistributedDataParallel, with_bagua
 __version__ = "0.1.0"
 
 __all__ = [
-    "DistributedDataParallel", "algorithms", "comm", "optim", "parallel", "with_bagua", "destroy_process_group", "get_local_rank", "get_local_size", "get_rank",
+    "DistributedDataParallel", "algorithms", "comm", "data", "optim", "parallel", "with_bagua", "destroy_process_group", "get_local_rank", "get_local_size", "get_rank",
     "get_world_size", "init_process_group", "is_initialized", "__version__",
 ]
