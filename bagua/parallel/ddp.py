@@ -210,6 +210,15 @@ class DistributedDataParallel(torch.nn.Module):
             if name not in self._marked:
                 self.mark_ready(name)
 
+    def communicate_all(self) -> None:
+        """Run every bucket's ops now, in bucket order, and wait for them (for algorithms that
+        communicate outside backward, e.g. after the optimizer step)."""
+        self.mark_all_ready()
+        try:
+            self.engine.wait()
+        finally:
+            self._marked.clear()
+
     def _end_of_backward(self) -> None:
         self._callback_queued = False
         try:
