@@ -29,9 +29,13 @@ system-deps:
 		fi; \
 	fi
 
+# make demo ALGORITHM=bytegrad: any of gradient_allreduce, bytegrad, decentralized,
+# low_precision_decentralized, async, qadam
+ALGORITHM ?= gradient_allreduce
+
 demo: $(VENV)/.installed-examples
-	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 examples/train_digits.py
-	$(PY) examples/train_digits.py
+	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 examples/train_digits.py --algorithm $(ALGORITHM)
+	$(PY) examples/train_digits.py --algorithm $(ALGORITHM)
 
 test: system-deps $(VENV)/.installed-test
 	$(PY) -m pytest -q $(PYTEST_ARGS)
