@@ -35,7 +35,8 @@ import xxhash
 __all__ = ["dumps", "loads", "SerializationError", "CorruptValueError"]
 
 _MAGIC = b"BGC2"
-# magic, kind, flags, number of out-of-band buffers, xxh3-64 of everything after this header
+# magic, kind, flags, number of out-of-band buffers, and the xxh3-64 of everything after this
+# header, seeded with kind, flags and buffer count so that those are checked too
 _HEAD = struct.Struct("<4sBBHQ")
 _KIND_PICKLE, _KIND_NDARRAY, _KIND_TENSOR = 0, 1, 2
 # kinds 1 and 2 (a lone array or tensor, the usual cached sample) skip pickle altogether:
@@ -43,6 +44,10 @@ _KIND_PICKLE, _KIND_NDARRAY, _KIND_TENSOR = 0, 1, 2
 _ARRAY_META = struct.Struct("<BBH")
 _FLAG_FOREIGN_BUFFERS = 1  # buffers from reducers other than ours: copy before unpickling
 _hash = xxhash.xxh3_64_intdigest
+
+
+def _seed(kind: int, flags: int, nbuf: int) -> int:
+    return kind | flags << 8 | nbuf << 16
 
 Buffer = Union[bytes, bytearray, memoryview]
 
@@ -201,7 +206,7 @@ def dumps(obj: Any, *, describe: Optional[Callable[[], str]] = None) -> bytes:
         views.append(b.raw())
     pickled = stream.getbuffer()
     lengths = _lengths_struct(len(views)).pack(len(pickled), *(v.nbytes for v in views))
-    h = xxhash.xxh3_64()
+    h = xxhash.xxh3_64(seed=_seed(_KIND_PICKLE, flags, len(views)))
     h.update(lengths)
     h.update(pickled)
     for v in views:
@@ -222,7 +227,7 @@ _SHAPES: dict[int, struct.Struct] = {}
 
 def _dump_raw(kind: int, flag: int, shape: tuple, dtype_name: bytes, flat: np.ndarray) -> bytes:
     meta = _ARRAY_META.pack(len(shape), flag, len(dtype_name)) + _shape_struct(len(shape)).pack(*shape) + dtype_name
-    h = xxhash.xxh3_64()
+    h = xxhash.xxh3_64(seed=_seed(kind, 0, 0))
     h.update(meta)
     h.update(flat)
     return b"".join([_HEAD.pack(_MAGIC, kind, 0, 0, h.intdigest()), meta, flat])
@@ -281,7 +286,7 @@ def loads(data: Buffer) -> Any:
     magic, kind, flags, nbuf, checksum = _HEAD.unpack_from(mv, 0)
     if magic != _MAGIC:
         raise CorruptValueError(f"value does not start with the cache format's magic bytes (got {bytes(magic)!r})")
-    if _hash(mv[_HEAD.size:]) != checksum:
+    if _hash(mv[_HEAD.size:], kind | flags << 8 | nbuf << 16) != checksum:
         raise CorruptValueError(f"checksum mismatch in a {n}-byte value (truncated or corrupted)")
     if kind != _KIND_PICKLE:
         try:

@@ -112,9 +112,10 @@ def _ping(sock: str, timeout: float = 1.0) -> bool:
 
 def _spawn(state: str, sock: str, capacity_bytes: int) -> None:
     binary = os.environ.get("BAGUA_REDIS_SERVER") or shutil.which("redis-server")
-    if not binary:
+    if not binary or not os.access(binary, os.X_OK):
         raise StoreUnavailableError(
-            "RedisStore(hosts=None) starts a local redis-server, but none is on PATH. Install it "
+            f"RedisStore(hosts=None) starts a local redis-server, but {binary or 'none on PATH'} is not "
+            "an executable. Install it "
             "(`apt-get install redis-server`, or `make system-deps`), set BAGUA_REDIS_SERVER to its "
             "path, or pass hosts=[{'host': ..., 'port': ...}] of running servers."
         )
