@@ -72,15 +72,17 @@ def _start_time(pid: int) -> Optional[str]:
     return fields[19]
 
 
-def _user_name(pid: int) -> str:
-    return f"{pid}-{_start_time(pid)}"
+def _user_name() -> str:
+    """A registration of one store: its process (pid and start time) and a unique token."""
+    return f"{os.getpid()}-{_start_time(os.getpid())}-{os.urandom(6).hex()}"
 
 
 def _live_users(state: str) -> list[str]:
     users_dir = os.path.join(state, "users")
     alive = []
     for name in os.listdir(users_dir):
-        pid_s, _, started = name.partition("-")
+        pid_s, _, rest = name.partition("-")
+        started = rest.rpartition("-")[0]
         try:
             pid = int(pid_s)
         except ValueError:
@@ -155,23 +157,24 @@ def _spawn(state: str, sock: str, capacity_bytes: int) -> None:
     )
 
 
-def attach(capacity_bytes: int, cache_dir: Optional[str] = None) -> str:
-    """Make sure the machine's server runs, register this process as a user; return the socket."""
+def attach(capacity_bytes: int, cache_dir: Optional[str] = None) -> tuple[str, str]:
+    """Make sure the machine's server runs and register a user; return (socket, user)."""
     state = state_dir(cache_dir)
     sock = socket_path(state)
+    user = _user_name()
     with _locked(state):
         if not _ping(sock):
             _spawn(state, sock, capacity_bytes)
-        open(os.path.join(state, "users", _user_name(os.getpid())), "w").close()
-    return sock
+        open(os.path.join(state, "users", user), "w").close()
+    return sock, user
 
 
-def detach(cache_dir: Optional[str] = None) -> bool:
-    """Unregister this process; stop the server if no live user is left. True if stopped."""
+def detach(user: str, cache_dir: Optional[str] = None) -> bool:
+    """Unregister ``user``; stop the server if no live user is left. True if stopped."""
     state = state_dir(cache_dir)
     with _locked(state):
         try:
-            os.unlink(os.path.join(state, "users", _user_name(os.getpid())))
+            os.unlink(os.path.join(state, "users", user))
         except FileNotFoundError:
             pass
         if _live_users(state):

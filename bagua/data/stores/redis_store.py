@@ -116,10 +116,10 @@ class RedisStore(Store):
             from .store import default_cache_dir
 
             self._cache_dir = default_cache_dir()
-            sock = _local_redis.attach(self.capacity_per_node, self._cache_dir)
+            sock, user = _local_redis.attach(self.capacity_per_node, self._cache_dir)
             # Detach on close(), when collected, or at exit: only in this process.
             self._detacher: Optional[weakref.finalize] = weakref.finalize(
-                self, _detach_if_owner, os.getpid(), self._cache_dir)
+                self, _detach_if_owner, os.getpid(), user, self._cache_dir)
             self._nodes = [_Node(f"unix:{sock}", {"unix_socket_path": sock})]
         else:
             self._detacher = None
@@ -290,9 +290,9 @@ class RedisStore(Store):
         return f"RedisStore(hosts={self.hosts}, cluster_mode={self.cluster_mode})"
 
 
-def _detach_if_owner(pid: int, cache_dir: Optional[str]) -> None:
+def _detach_if_owner(pid: int, user: str, cache_dir: Optional[str]) -> None:
     if os.getpid() == pid:
         try:
-            _local_redis.detach(cache_dir)
+            _local_redis.detach(user, cache_dir)
         except Exception:
             logger.warning("releasing the local redis-server failed", exc_info=True)
