@@ -156,3 +156,20 @@ def test_local_server_missing_binary_is_a_clear_error(cache_dir, monkeypatch):
     monkeypatch.setenv("BAGUA_REDIS_SERVER", str(cache_dir / "no-such-redis-server"))
     with pytest.raises(StoreUnavailableError, match="no-such-redis-server.*apt-get install redis-server"):
         RedisStore()
+
+
+def test_server_refusing_writes_degrades_to_computing(redis_host, caplog):
+    client = _client(redis_host)
+    client.set("ballast", b"\0" * (3 << 20))
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", int(client.info("memory")["used_memory"]) - (1 << 20))  # full
+    src = SampleDataset(60)
+    ds = CachedDataset(src, backend="redis", hosts=[redis_host], writer_buffer_size=1)
+    with caplog.at_level(logging.WARNING, logger="bagua.data"):
+        for epoch in range(2):
+            for i in range(60):
+                assert same(ds[i], make_sample(i))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "refused a write" in warnings[0] and "maxmemory" in warnings[0], warnings
+    assert src.computed == 120 and ds.cache_loader.num_keys() == 1  # only the ballast
+    ds.close()

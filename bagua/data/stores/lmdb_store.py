@@ -349,8 +349,9 @@ class LmdbStore(Store):
         self._here()
         with _txn_lock:
             env = _env(self.path, self.capacity_bytes)
+            db = env.open_db()  # the main database
             with env.begin(write=True) as txn:
-                txn.drop(env.open_db(), delete=False)
+                txn.drop(db, delete=False)
         self._full = False
         self._warn.reset()
 

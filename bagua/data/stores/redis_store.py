@@ -141,7 +141,7 @@ class RedisStore(Store):
             try:
                 self._clients[i].ping()
             except Exception as e:
-                self._close_clients()
+                self.close()
                 raise StoreUnavailableError(
                     f"cannot reach Redis at {node.label}: {type(e).__name__}: {e}. Start "
                     f"redis-server there, fix hosts=..., or pass hosts=None to use a local server."
@@ -224,6 +224,15 @@ class RedisStore(Store):
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError,
                 redis.exceptions.BusyLoadingError) as e:
             self._failed(i, e, doing)
+            return default
+        except redis.exceptions.ResponseError as e:
+            if doing != "writing":
+                raise
+            # e.g. "OOM command not allowed" from a server with maxmemory and no eviction
+            self._warn(f"refused:{i}", (
+                f"Redis at {self._nodes[i].label} refused a write ({e}); samples it does not "
+                f"take are computed again when needed. Give it more memory or an eviction "
+                f"policy (maxmemory-policy allkeys-lru)."))
             return default
 
     # -- the Store interface -----------------------------------------------------------------
