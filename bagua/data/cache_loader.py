@@ -145,7 +145,8 @@ class CacheLoader:
 
     def _get_many(self, keys: list, load_many: Callable[[list], list], what: str) -> list:
         self._here()
-        skeys = [self._prefix + _key_str(k) for k in keys]
+        prefix = self._prefix
+        skeys = [prefix + (str(k) if type(k) is int else _key_str(k)) for k in keys]
         out: list = [None] * len(keys)
         ask_pos: list[int] = []
         pending = self._pending

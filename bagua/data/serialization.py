@@ -1,10 +1,11 @@
 """Fast, checked serialization of cached samples.
 
-``dumps(obj) -> bytes`` and ``loads(data) -> obj`` use pickle protocol 5. NumPy arrays and CPU
-tensors travel as raw out-of-band buffers (one memory copy each way, no per-element work);
-everything else picklable goes through pickle as usual. Each value carries a 64-bit xxh3
-checksum of everything after it, so a truncated or corrupted value raises
-:class:`CorruptValueError` instead of decoding to garbage.
+``dumps(obj) -> bytes`` and ``loads(data) -> obj``. A sample that is a lone NumPy array or
+CPU tensor is stored as a small header plus its raw bytes; any other picklable sample goes
+through pickle protocol 5, with every array and CPU tensor inside it as a raw out-of-band
+buffer. Either way there is no per-element work: one memory copy each way. Each value carries
+a 64-bit xxh3 checksum, so a truncated or corrupted value raises :class:`CorruptValueError`
+instead of decoding to garbage.
 
 Decoded arrays and tensors own their memory and are writable. Dtype, shape, values (bit for
 bit) and ``requires_grad`` are preserved; non-contiguous inputs come back contiguous.
@@ -48,6 +49,7 @@ _hash = xxhash.xxh3_64_intdigest
 
 def _seed(kind: int, flags: int, nbuf: int) -> int:
     return kind | flags << 8 | nbuf << 16
+
 
 Buffer = Union[bytes, bytearray, memoryview]
 
@@ -250,42 +252,59 @@ def _dump_tensor(t: torch.Tensor) -> bytes:
     return _dump_raw(_KIND_TENSOR, int(t.requires_grad), tuple(t.shape), str(t.dtype)[6:].encode("ascii"), flat)
 
 
-def _load_raw(kind: int, mv: memoryview, checksum: int) -> Any:
-    """A lone array or tensor. The payload is copied out first and hashed from the copy, which
-    is then in cache: one pass over the source memory instead of two."""
-    off = _HEAD.size
-    ndim, flag, name_len = _ARRAY_META.unpack_from(mv, off)
-    off += _ARRAY_META.size
-    shape = _shape_struct(ndim).unpack_from(mv, off)
-    off += 8 * ndim
-    name = bytes(mv[off:off + name_len])
-    off += name_len
+_SPECS: dict[bytes, tuple] = {}  # header bytes of a lone array/tensor -> how to rebuild it
+_SMALL = 128 << 10  # below this, hash the stored bytes in one call before copying
+
+
+def _spec(kind: int, meta: bytes) -> tuple:
+    """(NumPy dtype, shape, order, requires_grad or None for arrays) from a value's header."""
+    spec = _SPECS.get(meta)
+    if spec is not None:
+        return spec
+    ndim, flag, name_len = _ARRAY_META.unpack_from(meta, 0)
+    shape = _shape_struct(ndim).unpack_from(meta, _ARRAY_META.size)
+    name = meta[_ARRAY_META.size + 8 * ndim:].decode("ascii")
+    if len(name) != name_len:
+        raise ValueError("header length mismatch")
     if kind == _KIND_NDARRAY:
-        dtype = _NP_DTYPES.get(name)
-        if dtype is None:
-            dtype = np.dtype(name.decode("ascii"))
-            if dtype.hasobject:
-                raise ValueError(f"object dtype {dtype}")
-            _NP_DTYPES[name] = dtype
-        flat = np.frombuffer(mv[off:], dtype=dtype).copy()
+        dtype = np.dtype(name)
+        if dtype.hasobject:
+            raise ValueError(f"object dtype {dtype}")
+        spec = (dtype, shape, "F" if flag else "C", None)
     else:
-        dtype_name = name.decode("ascii")
-        dtype = _TORCH_DTYPES.get(dtype_name)
-        if dtype is None:
-            dtype = getattr(torch, dtype_name)
-            if not isinstance(dtype, torch.dtype):
-                raise ValueError(f"{dtype_name!r} is not a torch dtype")
-            _TORCH_DTYPES[dtype_name] = dtype
-        flat = np.frombuffer(mv[off:], dtype=_NUMPY_OF_TORCH[dtype]).copy()
-    h = xxhash.xxh3_64(seed=_seed(kind, 0, 0))
-    h.update(mv[_HEAD.size:off])
-    h.update(flat)
-    if h.intdigest() != checksum:
-        raise _ChecksumMismatch()
-    if kind == _KIND_NDARRAY:
-        return flat.reshape(shape, order="F" if flag else "C")
-    out = torch.from_numpy(flat.reshape(shape))
-    if flag:
+        torch_dtype = getattr(torch, name)
+        if not isinstance(torch_dtype, torch.dtype):
+            raise ValueError(f"{name!r} is not a torch dtype")
+        spec = (_NUMPY_OF_TORCH[torch_dtype], shape, "C", bool(flag))
+    if len(_SPECS) < 4096:
+        _SPECS[meta] = spec
+    return spec
+
+
+def _load_raw(kind: int, mv: memoryview, checksum: int) -> Any:
+    """A lone array or tensor. Small payloads are hashed in one call, then copied; large ones
+    are copied first and hashed from the copy, which is then in cache (one pass over the
+    source memory instead of two)."""
+    ndim, _, name_len = _ARRAY_META.unpack_from(mv, _HEAD.size)
+    end = _HEAD.size + _ARRAY_META.size + 8 * ndim + name_len
+    dtype, shape, order, requires_grad = _spec(kind, bytes(mv[_HEAD.size:end]))
+    if mv.nbytes < _SMALL:
+        if _hash(mv[_HEAD.size:], _seed(kind, 0, 0)) != checksum:
+            raise _ChecksumMismatch()
+        flat = np.frombuffer(mv, dtype=dtype, offset=end).copy()
+    else:
+        flat = np.frombuffer(mv, dtype=dtype, offset=end).copy()
+        h = xxhash.xxh3_64(seed=_seed(kind, 0, 0))
+        h.update(mv[_HEAD.size:end])
+        h.update(flat)
+        if h.intdigest() != checksum:
+            raise _ChecksumMismatch()
+    if len(shape) != 1:
+        flat = flat.reshape(shape) if order == "C" else flat.reshape(shape, order="F")
+    if requires_grad is None:
+        return flat
+    out = torch.from_numpy(flat)
+    if requires_grad:
         out.requires_grad_(True)
     return out
 
