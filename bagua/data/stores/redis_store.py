@@ -260,6 +260,14 @@ class RedisStore(Store):
                 out[p] = v
         return out
 
+    def mget_map(self, keys: Sequence[str], fn: Callable[[Value], T]) -> list[Optional[T]]:
+        values: list = self.mget(keys)
+        for i, v in enumerate(values):
+            if v is not None:
+                values[i] = None  # drop each raw value as it is decoded: its memory gets reused
+                values[i] = fn(v)
+        return values
+
     def set(self, key: str, value: Value) -> None:
         self._here()
         i = self.node_index(key)
