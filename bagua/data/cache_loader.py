@@ -178,17 +178,19 @@ class CacheLoader:
                 raise RuntimeError(f"loading {len(uniq)} samples returned {len(values)} values")
             computed = {}
             for pos, value in zip(uniq, values):
-                computed[skeys[pos]] = value
-                self._put(skeys[pos], value, what, keys[pos])
+                computed[skeys[pos]] = self._put(skeys[pos], value, what, keys[pos])
+                out[pos] = value
             for pos in miss_pos:
-                out[pos] = computed[skeys[pos]]
+                if out[pos] is None:  # a repeated index: its own copy, as a hit would be
+                    out[pos] = loads(computed[skeys[pos]])
         return out
 
-    def _put(self, skey: str, value: Any, what: str, key: Hashable) -> None:
+    def _put(self, skey: str, value: Any, what: str, key: Hashable) -> bytes:
         data = dumps(value, describe=lambda: f"the sample at {what} {key!r} of dataset {self.dataset_name!r}")
         self._pending[skey] = data
         if len(self._pending) >= self.writer_buffer_size:
             self.flush()
+        return data
 
     def flush(self) -> None:
         """Write every buffered value to the store now."""

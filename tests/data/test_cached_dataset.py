@@ -49,6 +49,7 @@ def test_getitems_computes_only_misses_and_each_once(tmp_path):
     out = ds.__getitems__([5, 5, 8, 9, 12, 5])
     assert [same(s, make_sample(i)) for s, i in zip(out, [5, 5, 8, 9, 12, 5])] == [True] * 6
     assert src.computed - before == 2  # 5 and 9; 8 and 12 were cached, 5 only once
+    assert out[0] is not out[1] and out[0][0] is not out[1][0]  # repeats are separate copies
     with pytest.raises(IndexError):
         ds[40]
     ds.close()
