@@ -3,7 +3,6 @@ import os
 import pickle
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
