@@ -121,14 +121,51 @@ def test_dataloader_workers(tmp_path, start_method):
     ds.close()
 
 
-def test_dataloader_workers_redis(redis_host, tmp_path):
-    ds = CachedDataset(LoggingDataset(64, str(tmp_path / "log")), backend="redis", hosts=[redis_host])
+@pytest.mark.parametrize("start_method,server", [("fork", "tcp"), ("spawn", "local")])
+def test_dataloader_workers_redis(start_method, server, redis_servers, cache_dir, tmp_path):
+    kw = {"hosts": [redis_servers.start()]} if server == "tcp" else {}  # local: RedisStore starts one
+    ds = CachedDataset(LoggingDataset(64, str(tmp_path / "log")), backend="redis", **kw)
     loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2, collate_fn=list,
-                                         multiprocessing_context="fork", timeout=60)
+                                         multiprocessing_context=start_method, timeout=60)
     for epoch in range(2):
         seen = [s for batch in loader for s in batch]
         assert all(same(s, make_sample(i)) for i, s in enumerate(seen))
+        assert ds.cache_loader.num_keys() == 64  # workers flushed at exit; the server still runs
     assert len((tmp_path / "log").read_text().split()) == 2 * 64
+    ds.close()
+
+
+def test_fork_while_another_thread_reads(tmp_path):
+    """DataLoader forks workers while a thread of the parent keeps reading the same LMDB."""
+    import threading
+
+    ds = CachedDataset(SampleDataset(64), path=str(tmp_path / "c"), dataset_name="t", writer_buffer_size=1)
+    for i in range(64):
+        ds[i]
+    stop, errors, reads = threading.Event(), [], [0]
+
+    def reader():
+        try:
+            while not stop.is_set():
+                for i in range(64):
+                    assert same(ds[i], make_sample(i))
+                    reads[0] += 1
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2, collate_fn=list,
+                                             multiprocessing_context="fork", timeout=60)
+        for epoch in range(3):
+            seen = [s for batch in loader for s in batch]
+            assert all(same(s, make_sample(i)) for i, s in enumerate(seen))
+    finally:
+        stop.set()
+        thread.join(30)
+    assert not errors, errors
+    assert reads[0] > 0 and ds.dataset.computed == 64
     ds.close()
 
 
