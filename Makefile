@@ -19,13 +19,17 @@ $(VENV)/.installed-%: pyproject.toml | $(VENV)/bin/python
 	$(PIP) install --quiet "$(TORCH)" -e ".[$*]"
 	touch $@
 
-# System packages the test suite uses (iproute2 for network namespaces in the comm tests).
+# System packages the test suite uses (iproute2 for network namespaces in the comm tests,
+# redis-server for the Redis cache tests).
 system-deps:
-	@if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then \
+	@missing=""; \
+	if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then missing="$$missing iproute2"; fi; \
+	if ! command -v redis-server >/dev/null 2>&1; then missing="$$missing redis-server"; fi; \
+	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			apt-get update -qq && apt-get install -y -qq iproute2; \
+			apt-get update -qq && apt-get install -y -qq $$missing; \
 		else \
-			echo "note: iproute2 (ip, tc) missing; the bandwidth-capped benchmark needs it"; \
+			echo "note: missing$$missing (iproute2: bandwidth-capped benchmark; redis-server: Redis cache tests)"; \
 		fi; \
 	fi
 
