@@ -68,3 +68,11 @@ def test_decentralized_run_learns_and_ends_identical():
     accuracy, output = _run("--algorithm", "decentralized", ranks=2)
     assert accuracy >= 0.9, output
     assert "averaged once for evaluation" in output
+
+
+def test_cached_epochs_read_their_data_faster(two_ranks):
+    # epochs 2+ read the transformed samples back from the LMDB cache instead of recomputing
+    _, output = two_ranks
+    speedups = [float(s) for s in re.findall(r"\((\d+\.\d+)x faster than epoch 1\)", output)]
+    assert len(speedups) == int(EPOCHS) and speedups[0] == 1.0, output
+    assert min(speedups[1:]) >= 3.0, output

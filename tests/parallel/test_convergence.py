@@ -31,6 +31,7 @@ def _torch_ddp_run(rank: int) -> float:
     example = _example()
     args = example.parse_args(["--epochs", str(EPOCHS)])
     train_set, test_set = example.load_data()
+    train_set = example.materialize(train_set)  # the same samples the example caches
     sampler = torch.utils.data.DistributedSampler(train_set, shuffle=True, seed=args.seed)
     loader = torch.utils.data.DataLoader(train_set, batch_size=args.batch_size // 2, sampler=sampler)
     torch.manual_seed(args.seed)
