@@ -103,6 +103,27 @@ class AlgorithmImpl:
         """Release background resources (threads); called by ``ddp.close()``."""
 
 
+class WeightCommunicationImpl(AlgorithmImpl):
+    """Base for algorithms that communicate the weights, every ``interval`` steps (the
+    decentralized ones): the weights are bucketed (each becomes a view of a flat buffer),
+    nothing becomes ready during backward, and ``self.communicating`` says whether the
+    current step communicates."""
+
+    def __init__(self, process_group: BaguaProcessGroup, interval: int):
+        super().__init__(process_group)
+        self.interval = interval
+        self.communicating = False
+
+    def tensors_to_communicate(self, ddp: "DistributedDataParallel") -> list[NamedTensor]:
+        return [(name, p) for name, p in reversed(ddp.named_trainable_parameters)]
+
+    def ready_on_backward(self, ddp: "DistributedDataParallel") -> bool:
+        return False
+
+    def on_forward_pre(self, ddp: "DistributedDataParallel") -> None:
+        self.communicating = ddp.step % self.interval == 0  # ddp.step: steps before this one
+
+
 class Algorithm:
     """A declarative description of how ranks communicate; ``reify`` builds its implementation."""
 

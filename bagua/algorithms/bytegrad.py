@@ -12,13 +12,12 @@ Example::
 
 from __future__ import annotations
 
-from ..comm import BaguaProcessGroup
-from .base import Algorithm, AlgorithmImpl
-from .gradient_allreduce import GradientAllReduceImpl
+from .base import Algorithm
+from .gradient_allreduce import GradientAllReduceAlgorithm
 
 
 @Algorithm.register("bytegrad")
-class ByteGradAlgorithm(Algorithm):
+class ByteGradAlgorithm(GradientAllReduceAlgorithm):
     """Gradient averaging compressed to 8 bits per value (MinMaxUInt8, per-chunk min and max).
 
     Args:
@@ -26,9 +25,4 @@ class ByteGradAlgorithm(Algorithm):
         average: average the gradients (default) or sum them.
     """
 
-    def __init__(self, hierarchical: bool = False, average: bool = True):
-        self.hierarchical = bool(hierarchical)
-        self.average = bool(average)
-
-    def reify(self, process_group: BaguaProcessGroup) -> AlgorithmImpl:
-        return GradientAllReduceImpl(process_group, self.hierarchical, self.average, compression="minmax_uint8")
+    _compression = "minmax_uint8"

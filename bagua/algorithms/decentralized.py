@@ -26,7 +26,7 @@ from ..comm import (
     BaguaProcessGroup, Bucket, ReduceOp, allreduce, broadcast, get_inter_node_group,
     get_intra_node_group, get_local_rank, recv, send,
 )
-from .base import Algorithm, AlgorithmImpl, check_choice, check_positive_int
+from .base import Algorithm, AlgorithmImpl, WeightCommunicationImpl, check_choice, check_positive_int
 from .gradient_allreduce import check_hierarchical_group
 
 PEER_SELECTION_MODES = ("all", "shift_one")
@@ -67,9 +67,9 @@ def peer_average(tensor: torch.Tensor, group: BaguaProcessGroup, mode: str, comm
     tensor.add_(theirs).mul_(0.5)
 
 
-class DecentralizedImpl(AlgorithmImpl):
+class DecentralizedImpl(WeightCommunicationImpl):
     def __init__(self, process_group: BaguaProcessGroup, hierarchical: bool, mode: str, interval: int):
-        super().__init__(process_group)
+        super().__init__(process_group, interval)
         if hierarchical:
             check_hierarchical_group(process_group)
             self.peers = get_inter_node_group()
@@ -79,16 +79,9 @@ class DecentralizedImpl(AlgorithmImpl):
             self.peers = process_group
             if mode == "shift_one":
                 check_shift_one(process_group.size)
-        self.hierarchical, self.mode, self.interval = hierarchical, mode, interval
+        self.hierarchical, self.mode = hierarchical, mode
         self.comm_steps = 0
         self._averaged: dict[int, torch.Tensor] = {}
-        self._communicating = False
-
-    def tensors_to_communicate(self, ddp):
-        return [(name, p) for name, p in reversed(ddp.named_trainable_parameters)]
-
-    def ready_on_backward(self, ddp) -> bool:
-        return False
 
     def init_operations(self, ddp, bucket: Bucket) -> None:
         def average_weights(b: Bucket) -> None:
@@ -106,18 +99,18 @@ class DecentralizedImpl(AlgorithmImpl):
         bucket.append_op(average_weights, f"decentralized[{self.mode}]")
 
     def on_forward_pre(self, ddp) -> None:
-        self._communicating = ddp.step % self.interval == 0
-        if self._communicating:
+        super().on_forward_pre(ddp)
+        if self.communicating:
             ddp.mark_all_ready()  # the ops copy the weights, then exchange while forward runs
 
     def on_backward_end(self, ddp) -> None:
-        if not self._communicating:
+        if not self.communicating:
             return
         with torch.no_grad():
             for bucket in ddp.buckets:
                 bucket.flat.copy_(self._averaged.pop(id(bucket)))
         self.comm_steps += 1
-        self._communicating = False
+        self.communicating = False
 
 
 @Algorithm.register("decentralized")

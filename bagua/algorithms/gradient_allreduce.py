@@ -66,9 +66,11 @@ class GradientAllReduceAlgorithm(Algorithm):
         average: average the gradients (default) or sum them.
     """
 
+    _compression: Optional[str] = None  # a codec name: every byte on the wire encoded
+
     def __init__(self, hierarchical: bool = False, average: bool = True):
         self.hierarchical = bool(hierarchical)
         self.average = bool(average)
 
     def reify(self, process_group: BaguaProcessGroup) -> AlgorithmImpl:
-        return GradientAllReduceImpl(process_group, self.hierarchical, self.average)
+        return GradientAllReduceImpl(process_group, self.hierarchical, self.average, self._compression)

@@ -30,7 +30,7 @@ from ..comm import (
     get_intra_node_group, get_local_rank,
 )
 from ..comm.compression import MinMaxUInt8, Payload
-from .base import Algorithm, AlgorithmImpl, check_positive_int
+from .base import Algorithm, AlgorithmImpl, WeightCommunicationImpl, check_positive_int
 from .gradient_allreduce import check_hierarchical_group
 
 
@@ -47,35 +47,25 @@ class _RingState:
         self.peers = {j: flat.clone() for j in neighbours}
 
 
-class LowPrecisionDecentralizedImpl(AlgorithmImpl):
+class LowPrecisionDecentralizedImpl(WeightCommunicationImpl):
     def __init__(self, process_group: BaguaProcessGroup, hierarchical: bool, interval: int):
-        super().__init__(process_group)
+        super().__init__(process_group, interval)
         if hierarchical:
             check_hierarchical_group(process_group)
-        self.hierarchical, self.interval = hierarchical, interval
+        self.hierarchical = hierarchical
         self.ring = get_inter_node_group() if hierarchical else process_group
         self.in_ring = not hierarchical or get_local_rank() == 0
         self.neighbours = ring_neighbours(self.ring.rank, self.ring.size) if self.ring.size > 1 else []
         self.weight = 1.0 / (1 + len(self.neighbours))
         self.codec = MinMaxUInt8()
         self._states: dict[int, _RingState] = {}
-        self._communicating = False
-
-    def tensors_to_communicate(self, ddp):
-        return [(name, p) for name, p in reversed(ddp.named_trainable_parameters)]
-
-    def ready_on_backward(self, ddp) -> bool:
-        return False
 
     def init_operations(self, ddp, bucket: Bucket) -> None:
         self._states[id(bucket)] = _RingState(bucket.flat, self.neighbours)
 
-    def on_forward_pre(self, ddp) -> None:
-        self._communicating = ddp.step % self.interval == 0
-
     @torch.no_grad()
     def on_backward_end(self, ddp) -> None:
-        if not self._communicating:
+        if not self.communicating:
             return
         for bucket in ddp.buckets:
             self._node_average(bucket.flat)
@@ -88,7 +78,7 @@ class LowPrecisionDecentralizedImpl(AlgorithmImpl):
 
     @torch.no_grad()
     def on_optimizer_step_post(self, ddp) -> None:
-        if not self._communicating:
+        if not self.communicating:
             return
         for bucket in ddp.buckets:
             self._node_average(bucket.flat)
@@ -97,7 +87,7 @@ class LowPrecisionDecentralizedImpl(AlgorithmImpl):
             if self.hierarchical:
                 intra = get_intra_node_group()
                 broadcast(bucket.flat, src=intra.ranks[0], group=intra)
-        self._communicating = False
+        self.communicating = False
 
     def _node_average(self, flat: torch.Tensor) -> None:
         if self.hierarchical:
