@@ -15,7 +15,6 @@ Example::
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Iterable, Optional
 
 import torch

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import bagua
-from bagua.comm.compression import MinMaxUInt8
 from tests.harness import run_ranks
 from tests.parallel.models import flat_params, make_model, make_optimizer, rank_batches, train
 

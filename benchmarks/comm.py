@@ -1,0 +1,719 @@
+#!/usr/bin/env python3
+"""Allreduce bus bandwidth: raw torch.distributed vs bagua.comm (checked, unchecked, compressed).
+
+For fp32 tensors of 4KB, 64KB, 1MB, 16MB and 64MB, every rank times five variants of one
+allreduce, interleaved within each repetition (A B C D E, then B C D E A, ...) so that drifts in
+machine load hit them alike:
+
+==============  =================================================================================
+torch           ``torch.distributed.all_reduce(t)`` (SUM): the yardstick
+bagua           ``bagua.comm.allreduce(t, op=SUM)`` with the default cross-rank agreement check
+bagua-nocheck   the same with the check off (``init_process_group(check_collectives=False)``)
+fp16            ``bagua.comm.allreduce(t, op=AVG, compression="fp16")`` (check on, the default)
+uint8           ``bagua.comm.allreduce(t, op=AVG, compression="minmax_uint8")`` (check on)
+==============  =================================================================================
+
+Each timed block starts with a barrier and runs k calls (k and the number of repetitions adapt
+to the measured call time, so slow links get few calls); a rank's time is the median over the
+repetitions of block time / k, and the job's time is the max over ranks of that median. Bus
+bandwidth follows nccl-tests: ``algbw = bytes / time``, ``busbw = algbw * 2 (n-1) / n``, always
+with the fp32 byte count, so compressed variants show the effective speed the caller gets.
+"sent B/call" is ``bagua.comm.bytes_sent()``'s delta per call (bagua's own count; torch's calls
+are invisible to it); "wire B/call" is what actually left the rank's network interface (TCP/IP
+headers and ACKs included), read from ``/sys/class/net/<if>/statistics/tx_bytes`` in the shaped
+settings, where every rank has its own interface.
+
+Settings (the driver, the default mode, launches one worker job per setting):
+
+- loopback, 2 and 4 ranks: ``torchrun --standalone`` on this machine, Gloo over ``lo``;
+- 1gbit and 100mbit, 2 and 4 ranks: ``benchmarks/netns.py``, every rank in its own network
+  namespace behind a tbf-capped veth link (needs root and iproute2; skipped with a warning
+  otherwise). Sizes whose uncompressed allreduce would take longer than ``--max-call-s`` at the
+  link rate are skipped unless ``--sizes`` names them (64MB at 100mbit takes ~5 s a call).
+
+Usage::
+
+    python benchmarks/comm.py                                  # everything, ~5-8 min
+    python benchmarks/comm.py --ranks 2 --rates 100mbit --sizes 16MB 64MB --repeat 2
+    python benchmarks/comm.py --rates --out .bench/comm.json   # loopback only, JSON of results
+    torchrun --standalone --nproc-per-node 2 benchmarks/comm.py --worker   # one job by hand
+
+The last line printed is the key ratios: uncompressed bagua / raw torch bus bandwidth at >= 16MB
+(worst over settings; target >= 0.95) and, at 100mbit, the speedup of minmax_uint8 over
+uncompressed bagua at >= 16MB (worst over sizes and rank counts; target >= 3x). Record results
+in benchmarks/RESULTS.md (date, machine); the plot goes to benchmarks/figures/comm_busbw.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+logger = logging.getLogger("benchmarks.comm")
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+DEFAULT_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20)
+KEY_MIN_BYTES = 16 << 20
+VARIANTS = ("torch", "bagua", "bagua-nocheck", "fp16", "uint8")
+VARIANT_HELP = {
+    "torch": "torch.distributed.all_reduce(t), SUM",
+    "bagua": "bagua.comm.allreduce(t, op=SUM), agreement check on (default)",
+    "bagua-nocheck": "bagua.comm.allreduce(t, op=SUM), check_collectives=False",
+    "fp16": "bagua.comm.allreduce(t, op=AVG, compression='fp16')",
+    "uint8": "bagua.comm.allreduce(t, op=AVG, compression='minmax_uint8')",
+}
+JSON_TAG = "@@bagua-comm-bench@@ "  # workers print one line "<tag><json>" per job on rank 0
+DEFAULT_PLOT = HERE / "figures" / "comm_busbw.png"
+
+# timing knobs (all ranks derive the same values from max-reduced estimates)
+_TARGET_BLOCK_S = 0.025  # a timed block runs >= this long (k calls of a fast op)
+_MAX_CALLS_PER_BLOCK = 50  # SUM grows values by n per call: 4**50 stays finite in fp32
+_SLOW_CALL_S = 0.2  # ops slower than this are estimated from their single warmup call
+
+
+# --------------------------------------------------------------------------------------------
+# sizes and formatting
+# --------------------------------------------------------------------------------------------
+
+_UNITS = {"B": 1, "KB": 1 << 10, "K": 1 << 10, "MB": 1 << 20, "M": 1 << 20, "GB": 1 << 30, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """``"16MB" -> 16777216`` (binary units, as the table prints them); a bare number is bytes."""
+    s = text.strip().upper().replace("IB", "B")
+    num = s.rstrip("KMGB")
+    unit = s[len(num):] or "B"
+    try:
+        value = int(float(num) * _UNITS[unit])
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"size must look like 4KB, 64KB, 1MB, 16MB; got {text!r}") from None
+    if value < 4 or value % 4:
+        raise argparse.ArgumentTypeError(f"size must be a positive multiple of 4 bytes (fp32), got {text!r}")
+    return value
+
+
+def fmt_size(n: int) -> str:
+    for unit, mult in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= mult and n % mult == 0:
+            return f"{n // mult}{unit}"
+    return f"{n}B"
+
+
+def fmt_bytes(n: Optional[float]) -> str:
+    if n is None:
+        return "-"
+    for unit, mult in (("MB", 1e6), ("KB", 1e3)):
+        if n >= mult:
+            return f"{n / mult:.3g}{unit}"
+    return f"{n:.0f}B"
+
+
+def busbw(nbytes: int, seconds: float, world: int) -> float:
+    """nccl-tests bus bandwidth in bytes/s: (bytes / time) * 2 (n-1) / n."""
+    return nbytes / seconds * 2 * (world - 1) / world
+
+
+# --------------------------------------------------------------------------------------------
+# worker: one process per rank
+# --------------------------------------------------------------------------------------------
+
+
+def _set_checks(enabled: bool) -> None:
+    """Turn bagua's cross-rank agreement check on or off in this process.
+
+    bagua only offers the switch at ``init_process_group(check_collectives=...)``; to interleave
+    checked and unchecked calls in one job we flip the flag in its (frozen) state object.
+    """
+    from bagua.comm import process_group as pgmod
+
+    state = getattr(pgmod, "_state", None)
+    if state is None or not hasattr(state, "check_collectives"):
+        raise RuntimeError(
+            "benchmarks/comm.py toggles bagua.comm.process_group._state.check_collectives to time "
+            "checked and unchecked calls in one job, and that field is gone; update _set_checks()"
+        )
+    if state.check_collectives != enabled:
+        pgmod._state = dataclasses.replace(state, check_collectives=enabled)
+
+
+def _tx_bytes_reader():
+    """A function returning this rank's interface tx byte count, or None where not per-rank.
+
+    Only under netns.py (GLOO_SOCKET_IFNAME set, one rank per namespace) is the interface this
+    rank's alone; on loopback every rank (and everything else on the machine) shares ``lo``.
+    """
+    ifname = os.environ.get("GLOO_SOCKET_IFNAME")
+    if not ifname or os.environ.get("LOCAL_WORLD_SIZE") != "1":
+        return None
+    path = Path("/sys/class/net") / ifname / "statistics" / "tx_bytes"
+    if not path.exists():
+        return None
+    return lambda: int(path.read_text())
+
+
+def _quantile(sorted_vals: list[float], q: float) -> float:
+    if len(sorted_vals) == 1:
+        return sorted_vals[0]
+    pos = q * (len(sorted_vals) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_vals) - 1)
+    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (pos - lo)
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    import torch
+    import torch.distributed as dist
+
+    import bagua
+
+    torch.set_num_threads(1)
+    cc_path = Path("/proc/sys/net/ipv4/tcp_congestion_control")
+    if args.tcp_cc:
+        if args.link != "netns":  # on loopback this would change the host's setting
+            raise SystemExit("--tcp-cc is only for the netns settings (one namespace per rank)")
+        cc_path.write_text(args.tcp_cc)  # this rank's network namespace only; before Gloo connects
+    tcp_cc = cc_path.read_text().strip() if cc_path.exists() else "?"
+    bagua.init_process_group(check_collectives=True)
+    rank, world = bagua.get_rank(), bagua.get_world_size()
+    SUM, AVG = bagua.comm.ReduceOp.SUM, bagua.comm.ReduceOp.AVG
+    tx_bytes = _tx_bytes_reader()
+    variants = [v for v in VARIANTS if v in args.variants]
+
+    def max_over_ranks(values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
+    def ops_for(t: torch.Tensor) -> dict[str, Any]:
+        return {
+            "torch": lambda: dist.all_reduce(t),
+            "bagua": lambda: bagua.comm.allreduce(t, op=SUM),
+            "bagua-nocheck": lambda: bagua.comm.allreduce(t, op=SUM),
+            "fp16": lambda: bagua.comm.allreduce(t, op=AVG, compression="fp16"),
+            "uint8": lambda: bagua.comm.allreduce(t, op=AVG, compression="minmax_uint8"),
+        }
+
+    def timed(op, k: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(k):
+            op()
+        return time.perf_counter() - t0
+
+    results: list[dict[str, Any]] = []
+    t_start = time.monotonic()
+    for nbytes in args.sizes:
+        numel = nbytes // 4
+        g = torch.Generator().manual_seed(1000 + rank)
+        src = torch.randn(numel, generator=g)
+        t = src.clone()
+        ops = ops_for(t)
+
+        def prepare(v: str) -> None:
+            t.copy_(src)  # SUM grows the values by `world` per call: start each block afresh
+            _set_checks(v != "bagua-nocheck")
+            dist.barrier()
+
+        # warmup: one call each (its time is the estimate for slow ops), then 3 more for fast ones
+        est = []
+        for v in variants:
+            prepare(v)
+            est.append(timed(ops[v], 1))
+        est = max_over_ranks(est)
+        fast = [i for i, e in enumerate(est) if e < _SLOW_CALL_S]
+        if fast:
+            more = [0.0] * len(variants)
+            for i in fast:
+                prepare(variants[i])
+                more[i] = timed(ops[variants[i]], 3) / 3
+            more = max_over_ranks(more)
+            for i in fast:
+                est[i] = more[i]
+        calls = [max(1, min(_MAX_CALLS_PER_BLOCK, math.ceil(_TARGET_BLOCK_S / max(e, 1e-7)))) for e in est]
+        rep_s = sum(k * e for k, e in zip(calls, est)) + 0.002 * len(variants)
+        reps = max(args.min_reps, min(args.max_reps, int(args.seconds_per_size / rep_s)))
+
+        times: dict[str, list[float]] = {v: [] for v in variants}
+        sent: dict[str, list[float]] = {v: [] for v in variants}
+        wire: dict[str, list[float]] = {v: [] for v in variants}
+        for r in range(reps):
+            for j in range(len(variants)):
+                i = (r + j) % len(variants)  # rotate the order: every variant takes every slot
+                v, k = variants[i], calls[i]
+                prepare(v)
+                b0 = bagua.comm.bytes_sent()
+                w0 = tx_bytes() if tx_bytes else 0
+                dt = timed(ops[v], k)
+                b1 = bagua.comm.bytes_sent()
+                times[v].append(dt / k)
+                sent[v].append((b1 - b0) / k)
+                if tx_bytes:
+                    dist.barrier()  # let the block's last segments leave the qdisc (tiny traffic)
+                    wire[v].append((tx_bytes() - w0) / k)
+        _set_checks(True)
+
+        local = []
+        for v in variants:
+            s = sorted(times[v])
+            local += [statistics.median(s), _quantile(s, 0.25), _quantile(s, 0.75), s[0], s[-1],
+                      statistics.median(wire[v]) if wire[v] else -1.0, max(sent[v])]
+        agg = max_over_ranks(local)
+        row: dict[str, Any] = {"bytes": nbytes, "reps": reps, "variants": {}}
+        for i, v in enumerate(variants):
+            med, p25, p75, lo, hi, w, b = agg[7 * i: 7 * i + 7]
+            row["variants"][v] = {
+                "time_s": med, "p25_s": p25, "p75_s": p75, "min_s": lo, "max_s": hi,
+                "calls_per_block": calls[i],
+                "busbw_Bps": busbw(nbytes, med, world),
+                "bytes_sent_per_call": b if v != "torch" else None,
+                "wire_bytes_per_call": w if w >= 0 else None,
+            }
+        results.append(row)
+        if rank == 0:
+            print(f"[{args.setting}] {fmt_size(nbytes)}: {reps} reps, calls/block "
+                  f"{dict(zip(variants, calls))}, {time.monotonic() - t_start:.0f}s so far", flush=True)
+
+    if rank == 0:
+        job = {
+            "setting": args.setting, "link": args.link, "rate": args.rate, "world": world,
+            "backend": str(dist.get_backend()), "torch": torch.__version__, "tcp_cc": tcp_cc,
+            "threads": torch.get_num_threads(), "elapsed_s": time.monotonic() - t_start,
+            "results": results,
+        }
+        print(format_job(job), flush=True)
+        print(JSON_TAG + json.dumps(job), flush=True)
+    dist.barrier()
+    bagua.destroy_process_group()
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# tables
+# --------------------------------------------------------------------------------------------
+
+
+def _setting_title(job: dict[str, Any]) -> str:
+    how = "torchrun, Gloo over lo" if job["link"] == "loopback" else f"netns.py, tbf {job['rate']} per veth"
+    how += f", TCP {job.get('tcp_cc', '?')}"
+    return f"{job['setting']}: {job['world']} ranks ({how})"
+
+
+def format_job(job: dict[str, Any]) -> str:
+    """One setting's table: a row per size and variant."""
+    world = job["world"]
+    head = (f"{'size':>6}  {'variant':<13} {'time ms':>10} {'busbw MB/s':>10} {'x torch':>7} "
+            f"{'sent B/call':>11} {'wire B/call':>11}")
+    lines = [f"== {_setting_title(job)} ==", head, "-" * len(head)]
+    for row in job["results"]:
+        n = row["bytes"]
+        vs = row["variants"]
+        ref = vs.get("torch", {}).get("time_s")
+        for j, (v, r) in enumerate(vs.items()):
+            ratio = f"{ref / r['time_s']:.2f}" if ref else "-"
+            sent = r["bytes_sent_per_call"]
+            if v == "torch":  # invisible to bagua's counter: show the ring formula instead
+                sent_s = fmt_bytes(2 * (world - 1) / world * n) + "*"
+            else:
+                sent_s = fmt_bytes(sent)
+            lines.append(
+                f"{fmt_size(n) if j == 0 else '':>6}  {v:<13} {r['time_s'] * 1e3:>10.3f} "
+                f"{busbw(n, r['time_s'], world) / 1e6:>10.1f} {ratio:>7} {sent_s:>11} "
+                f"{fmt_bytes(r['wire_bytes_per_call']):>11}"
+            )
+    lines.append("x torch: torch time / variant time (>1: faster). * torch is not counted by "
+                 "bagua.comm.bytes_sent(); ring formula 2(n-1)/n*bytes shown.")
+    return "\n".join(lines)
+
+
+def _merge_repeats(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Jobs of the same setting from several rounds -> one job whose times are the median over
+    rounds (per size and variant); each variant keeps the per-round times in ``rounds_s``."""
+    by_setting: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for job in jobs:
+        by_setting.setdefault((job["setting"], job["world"]), []).append(job)
+    merged = []
+    for group in by_setting.values():
+        base = json.loads(json.dumps(group[0]))
+        base["rounds"] = len(group)
+        for row in base["results"]:
+            for v, r in row["variants"].items():
+                per_round = [
+                    rr["variants"][v]["time_s"]
+                    for job in group for rr in job["results"]
+                    if rr["bytes"] == row["bytes"] and v in rr["variants"]
+                ]
+                r["rounds_s"] = per_round
+                r["time_s"] = statistics.median(per_round)
+                r["busbw_Bps"] = busbw(row["bytes"], r["time_s"], base["world"])
+        merged.append(base)
+    return merged
+
+
+def _ratio(job: dict[str, Any], nbytes: int, num: str, den: str, times: Optional[int] = None) -> Optional[float]:
+    """time(den) / time(num) at one size: bandwidth ratio of `num` over `den` (>1: num faster)."""
+    for row in job["results"]:
+        if row["bytes"] == nbytes and num in row["variants"] and den in row["variants"]:
+            a, b = row["variants"][num], row["variants"][den]
+            if times is not None:
+                return b["rounds_s"][times] / a["rounds_s"][times]
+            return b["time_s"] / a["time_s"]
+    return None
+
+
+def key_summary(merged: list[dict[str, Any]]) -> tuple[list[str], str, dict[str, Any]]:
+    """The 16MB+ comparisons (with per-round spread) and the final key line."""
+    lines = ["== key comparisons at >= 16MB (bus bandwidth ratios; per-round values in brackets) ==",
+             f"{'setting':<22} {'size':>6} {'bagua/torch':>22} {'nocheck/torch':>22} {'uint8/bagua':>22} {'fp16/bagua':>22}"]
+    worst_bt: Optional[float] = None
+    worst_bt_where = ""
+    worst_sp: Optional[float] = None
+    worst_sp_where = ""
+    all_bt: list[float] = []
+    all_sp: list[float] = []
+    for job in merged:
+        rounds = job.get("rounds", 1)
+        for row in job["results"]:
+            n = row["bytes"]
+            if n < KEY_MIN_BYTES:
+                continue
+            cells = []
+            for num, den in (("bagua", "torch"), ("bagua-nocheck", "torch"), ("uint8", "bagua"), ("fp16", "bagua")):
+                med = _ratio(job, n, num, den)
+                if med is None:
+                    cells.append("-")
+                    continue
+                per = [_ratio(job, n, num, den, times=i) for i in range(rounds)] if rounds > 1 else []
+                cells.append(f"{med:.3f}" + (" [" + " ".join(f"{p:.2f}" for p in per) + "]" if per else ""))
+            lines.append(f"{job['setting'] + ' x' + str(job['world']):<22} {fmt_size(n):>6} " +
+                         " ".join(f"{c:>22}" for c in cells))
+            bt = _ratio(job, n, "bagua", "torch")
+            if bt is not None:
+                all_bt += [_ratio(job, n, "bagua", "torch", times=i) for i in range(rounds)] if rounds > 1 else [bt]
+                if worst_bt is None or bt < worst_bt:
+                    worst_bt, worst_bt_where = bt, f"{job['setting']} x{job['world']} {fmt_size(n)}"
+            if job["link"] == "netns" and job["rate"] == "100mbit":
+                sp = _ratio(job, n, "uint8", "bagua")
+                if sp is not None:
+                    all_sp += [_ratio(job, n, "uint8", "bagua", times=i) for i in range(rounds)] if rounds > 1 else [sp]
+                    if worst_sp is None or sp < worst_sp:
+                        worst_sp, worst_sp_where = sp, f"{job['setting']} x{job['world']} {fmt_size(n)}"
+    parts = []
+    if worst_bt is not None:
+        ok = "met" if worst_bt >= 0.95 else "NOT met"
+        spread = f", all rounds {min(all_bt):.3f}..{max(all_bt):.3f}" if len(all_bt) > 1 else ""
+        parts.append(f"bagua/torch busbw >=16MB worst {worst_bt:.3f} ({worst_bt_where}{spread}; target >=0.95: {ok})")
+    else:
+        parts.append("bagua/torch >=16MB: not measured")
+    if worst_sp is not None:
+        ok = "met" if worst_sp >= 3.0 else "NOT met"
+        spread = f", all rounds {min(all_sp):.2f}..{max(all_sp):.2f}" if len(all_sp) > 1 else ""
+        parts.append(f"100mbit uint8/fp32 bagua speedup >=16MB worst {worst_sp:.2f}x ({worst_sp_where}{spread}; target >=3x: {ok})")
+    else:
+        parts.append("100mbit uint8 speedup: not measured")
+    key = {"bagua_over_torch_worst": worst_bt, "bagua_over_torch_where": worst_bt_where,
+           "bagua_over_torch_all": all_bt, "uint8_speedup_100mbit_worst": worst_sp,
+           "uint8_speedup_100mbit_where": worst_sp_where, "uint8_speedup_100mbit_all": all_sp}
+    return lines, "KEY: " + "; ".join(parts), key
+
+
+# --------------------------------------------------------------------------------------------
+# plot
+# --------------------------------------------------------------------------------------------
+
+_STYLE = {
+    "torch": dict(color="black", marker="o", linestyle="-"),
+    "bagua": dict(color="tab:blue", marker="s", linestyle="--"),
+    "bagua-nocheck": dict(color="tab:cyan", marker="x", linestyle=":"),
+    "fp16": dict(color="tab:orange", marker="^", linestyle="-"),
+    "uint8": dict(color="tab:red", marker="v", linestyle="-"),
+}
+
+
+def plot(merged: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    links = []
+    for job in merged:
+        if job["setting"] not in links:
+            links.append(job["setting"])
+    worlds = sorted({job["world"] for job in merged})
+    fig, axes = plt.subplots(len(worlds), len(links), figsize=(5.2 * len(links), 4.2 * len(worlds)),
+                             squeeze=False)
+    for r, world in enumerate(worlds):
+        for c, setting in enumerate(links):
+            ax = axes[r][c]
+            job = next((j for j in merged if j["setting"] == setting and j["world"] == world), None)
+            if job is None:
+                ax.set_visible(False)
+                continue
+            for v in VARIANTS:
+                pts = [(row["bytes"], busbw(row["bytes"], row["variants"][v]["time_s"], world) / 1e6)
+                       for row in job["results"] if v in row["variants"]]
+                if pts:
+                    xs, ys = zip(*pts)
+                    ax.plot(xs, ys, label=v, markersize=5, **_STYLE[v])
+            if job["link"] == "netns" and job.get("rate_bit"):
+                ax.axhline(job["rate_bit"] / 8e6, color="gray", linewidth=1, linestyle="-.",
+                           label=f"link {job['rate']}")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            sizes = [row["bytes"] for row in job["results"]]
+            ax.set_xticks(sizes, [fmt_size(s) for s in sizes])
+            ax.minorticks_off()
+            ax.set_title(f"{setting}, {world} ranks")
+            ax.set_xlabel("allreduce size (fp32 bytes)")
+            ax.set_ylabel("bus bandwidth, MB/s (fp32 bytes)")
+            ax.grid(True, which="major", alpha=0.3)
+            ax.legend(fontsize=8, loc="upper left")
+    fig.suptitle("Allreduce bus bandwidth (nccl-tests busbw), Gloo on CPU; higher is better", fontsize=12)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------------------------
+# driver
+# --------------------------------------------------------------------------------------------
+
+
+def _netns_problem() -> Optional[str]:
+    sys.path.insert(0, str(HERE))
+    try:
+        import netns  # benchmarks/netns.py
+    finally:
+        sys.path.pop(0)
+    try:
+        netns.check_requirements()
+    except netns.NetnsError as e:
+        return str(e)
+    return None
+
+
+def _rate_bits(rate: str) -> int:
+    sys.path.insert(0, str(HERE))
+    try:
+        import netns
+    finally:
+        sys.path.pop(0)
+    bits = netns.parse_rate(rate)
+    if bits is None:
+        raise ValueError(f"--rates needs capped rates like 100mbit, got {rate!r}")
+    return bits
+
+
+def _worker_args(args: argparse.Namespace, setting: str, link: str, rate: Optional[str], sizes: Sequence[int]) -> list[str]:
+    out = [str(Path(__file__).resolve()), "--worker", "--setting", setting, "--link", link,
+           "--sizes", *[str(s) for s in sizes], "--seconds-per-size", str(args.seconds_per_size),
+           "--min-reps", str(args.min_reps), "--max-reps", str(args.max_reps),
+           "--variants", *args.variants]
+    if rate:
+        out += ["--rate", rate]
+        if args.tcp_cc:
+            out += ["--tcp-cc", args.tcp_cc]
+    return out
+
+
+def _run_job(cmd: list[str], timeout: float) -> Optional[dict[str, Any]]:
+    """Run one worker job, echo its output, return rank 0's JSON (None on failure)."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")  # torchrun would set it anyway, with a warning
+    env["PYTHONUNBUFFERED"] = "1"
+    print("$ " + " ".join(cmd), flush=True)
+    job = None
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            if JSON_TAG in line:
+                job = json.loads(line.split(JSON_TAG, 1)[1])
+            else:
+                sys.stdout.write("  | " + line)
+                sys.stdout.flush()
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(cmd, timeout)
+        rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        logger.warning("job timed out after %.0f s: %s", timeout, " ".join(cmd))
+        return None
+    if rc != 0 or job is None:
+        logger.warning("job failed (exit %s%s): %s", rc, ", no results" if job is None else "", " ".join(cmd))
+        return None
+    return job
+
+
+def run_driver(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="comm-bench: %(levelname)s %(message)s")
+    py = sys.executable
+    plans: list[tuple[str, str, Optional[str], int, list[str]]] = []  # setting, link, rate, world, cmd
+    for world in args.ranks:
+        sizes = list(args.sizes or DEFAULT_SIZES)
+        cmd = [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world),
+               *_worker_args(args, "loopback", "loopback", None, sizes)]
+        plans.append(("loopback", "loopback", None, world, cmd))
+    if args.rates:
+        problem = _netns_problem()
+        if problem:
+            logger.warning("skipping the bandwidth-capped settings %s: %s", " ".join(args.rates), problem)
+        else:
+            for rate in args.rates:
+                bits = _rate_bits(rate)
+                for world in args.netns_ranks:
+                    if args.sizes:
+                        sizes = list(args.sizes)
+                    else:  # drop sizes whose fp32 allreduce alone would exceed --max-call-s
+                        sizes = [s for s in DEFAULT_SIZES
+                                 if 2 * (world - 1) / world * s * 8 / bits <= args.max_call_s]
+                        dropped = [fmt_size(s) for s in DEFAULT_SIZES if s not in sizes]
+                        if dropped:
+                            logger.info("%s x%d: skipping %s (> %.1f s per fp32 allreduce at the link "
+                                        "rate; name them in --sizes to run them)",
+                                        rate, world, " ".join(dropped), args.max_call_s)
+                    setting = f"{rate}-{args.tcp_cc}" if args.tcp_cc else rate
+                    cmd = [py, str(HERE / "netns.py"), "--ranks", str(world), "--rate", rate,
+                           "--timeout", str(args.timeout), "--", py,
+                           *_worker_args(args, setting, "netns", rate, sizes)]
+                    plans.append((setting, "netns", rate, world, cmd))
+
+    t0 = time.monotonic()
+    jobs: list[dict[str, Any]] = []
+    failed: list[str] = []
+    for rnd in range(args.repeat):
+        for setting, link, rate, world, cmd in plans:
+            print(f"\n### round {rnd + 1}/{args.repeat}: {setting} x{world} "
+                  f"({time.monotonic() - t0:.0f}s elapsed)", flush=True)
+            job = _run_job(cmd, args.timeout + 60)
+            if job is None:
+                failed.append(f"{setting} x{world} (round {rnd + 1})")
+                continue
+            if rate:
+                job["rate_bit"] = _rate_bits(rate)
+            job["round"] = rnd
+            jobs.append(job)
+    return report(jobs, args, failed, time.monotonic() - t0)
+
+
+def report(jobs: list[dict[str, Any]], args: argparse.Namespace, failed: Sequence[str], elapsed: float) -> int:
+    if not jobs:
+        print("no results", file=sys.stderr)
+        return 1
+    merged = _merge_repeats(jobs)
+    print("\n" + "=" * 100)
+    print(f"Allreduce bus bandwidth, fp32 bytes; median over repetitions, max over ranks"
+          + (f", median over {args.repeat} rounds" if args.repeat > 1 else "")
+          + f"; {elapsed:.0f}s total")
+    for v in VARIANTS:
+        print(f"  {v:<13} {VARIANT_HELP[v]}")
+    for job in merged:
+        print()
+        print(format_job(job))
+    if failed:
+        print(f"\nFAILED or skipped: {', '.join(failed)}")
+    lines, key_line, key = key_summary(merged)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:], "elapsed_s": elapsed,
+                                   "failed": list(failed), "key": key, "jobs": jobs, "merged": merged}, indent=1))
+        print(f"\nwrote {out}")
+    if args.plot and not args.no_plot:
+        plot(merged, Path(args.plot))
+        print(f"wrote {args.plot}")
+    print()
+    print("\n".join(lines))
+    print(key_line)
+    return 0 if not failed else 1
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="comm.py", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  python benchmarks/comm.py\n"
+               "  python benchmarks/comm.py --ranks 2 --rates 100mbit --netns-ranks 2 --sizes 16MB 64MB --repeat 2",
+    )
+    p.add_argument("--worker", action="store_true", help="run as one rank (under torchrun or netns.py)")
+    p.add_argument("--sizes", nargs="+", type=parse_size, default=None,
+                   help="fp32 sizes in bytes, e.g. 4KB 64KB 1MB 16MB 64MB (the default); given "
+                        "explicitly, every setting runs all of them")
+    p.add_argument("--ranks", nargs="*", type=int, default=[2, 4], help="loopback rank counts (default 2 4)")
+    p.add_argument("--rates", nargs="*", default=["1gbit", "100mbit"],
+                   help="capped link rates run through netns.py (default 1gbit 100mbit; none: skip)")
+    p.add_argument("--netns-ranks", nargs="+", type=int, default=[2, 4],
+                   help="rank counts for the capped settings (default 2 4)")
+    p.add_argument("--max-call-s", type=float, default=3.0,
+                   help="without --sizes, skip sizes whose fp32 allreduce takes longer than this at "
+                        "the link rate (default 3 s: drops 64MB at 100mbit)")
+    p.add_argument("--seconds-per-size", type=float, default=4.0,
+                   help="time budget per size for all variants together (default 4); at least "
+                        "--min-reps repetitions run regardless")
+    p.add_argument("--min-reps", type=int, default=3, help="repetitions at least (default 3)")
+    p.add_argument("--max-reps", type=int, default=25, help="repetitions at most (default 25)")
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
+                   help="variants to time (default all)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="rounds of all settings; tables show the median over rounds and the key "
+                        "comparisons every round's value (default 1)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per job (default 900)")
+    p.add_argument("--out", default=None, help="write all results (every round) as JSON here")
+    p.add_argument("--plot", default=str(DEFAULT_PLOT), help=f"plot path (default {DEFAULT_PLOT.relative_to(ROOT)})")
+    p.add_argument("--no-plot", action="store_true", help="don't write the plot")
+    p.add_argument("--from-json", nargs="+", default=None, metavar="PATH",
+                   help="don't run anything: rebuild tables and plot from --out files (rounds are pooled)")
+    p.add_argument("--tcp-cc", default=None, metavar="NAME",
+                   help="capped settings only: TCP congestion control to use inside the ranks' "
+                        "namespaces (e.g. reno; the kernel must allow it there); default: the "
+                        "system's (an investigation knob: see RESULTS.md)")
+    # worker-only
+    p.add_argument("--setting", default="loopback", help=argparse.SUPPRESS)
+    p.add_argument("--link", default="loopback", choices=["loopback", "netns"], help=argparse.SUPPRESS)
+    p.add_argument("--rate", default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.min_reps < 1 or args.max_reps < args.min_reps:
+        raise SystemExit("need 1 <= --min-reps <= --max-reps")
+    if args.worker:
+        if args.sizes is None:
+            args.sizes = list(DEFAULT_SIZES)
+        return run_worker(args)
+    if args.from_json:
+        jobs: list[dict[str, Any]] = []
+        for path in args.from_json:
+            data = json.loads(Path(path).read_text())
+            jobs += data["jobs"]
+        rounds = max(1, max(sum(1 for j in jobs if j["setting"] == s["setting"] and j["world"] == s["world"])
+                            for s in jobs))
+        args.repeat = rounds
+        return report(jobs, args, [], sum(j.get("elapsed_s", 0) for j in jobs))
+    return run_driver(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
