@@ -1,0 +1,15 @@
+"""Optimizers: the generic fused optimizer (flat buffers + ``fuse_step``) and Lion.
+
+Example::
+
+    >>> import torch, bagua.optim
+    >>> model = torch.nn.Linear(8, 2)
+    >>> opt = bagua.optim.fuse_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3))
+    >>> model(torch.randn(4, 8)).sum().backward()
+    >>> opt.fuse_step()
+"""
+
+from .fused import FlattenWarning, fuse_optimizer, is_fused_optimizer
+from .lion import Lion
+
+__all__ = ["fuse_optimizer", "is_fused_optimizer", "FlattenWarning", "Lion"]
