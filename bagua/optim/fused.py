@@ -589,10 +589,12 @@ class _FuseState:
             for b in buckets:
                 b.dirty = True
 
-    def warn(self, kind: str, msg: str) -> None:
+    def warn(self, kind: str, msg: str, stacklevel: int = 6) -> None:
+        """Warns once per kind; the default stacklevel points at the caller of fuse_step (from
+        _check_param <- analyze <- step <- _fuse_step)."""
         if self.check_flatten and kind not in self.warned:
             self.warned.add(kind)
-            warnings.warn(f"bagua fuse_step ({type(self.opt).__name__}): {msg}", FlattenWarning, stacklevel=4)
+            warnings.warn(f"bagua fuse_step ({type(self.opt).__name__}): {msg}", FlattenWarning, stacklevel=stacklevel)
 
     def sync_groups(self, warn: bool = True) -> None:
         """Builds buckets for new param groups (and for groups whose params list changed)."""
@@ -603,7 +605,7 @@ class _FuseState:
                 continue
             if warn:
                 self.warn("groups", "param groups changed after fuse_optimizer (e.g. add_param_group); "
-                          "their parameters were flattened now")  # fmt: skip
+                          "their parameters were flattened now", stacklevel=5)  # fmt: skip
             by_key: dict[tuple, list] = {}
             for p in params:
                 if p.is_floating_point() and p.layout == torch.strided:
@@ -651,7 +653,7 @@ class _FuseState:
         new_params: list[list[torch.Tensor]] = [[] for _ in opt.param_groups]
         temps: list[tuple[_Run, list[tuple[int, int, torch.Tensor, dict]]]] = []
         for gi, run in own_runs:
-            st0 = state[run.params[0]]
+            st0 = state.get(run.params[0], {})
             chunk = CPU_CHUNK_ELEMS if run.bucket.device.type == "cpu" else run.numel
             pieces = []
             for a, z in _chunk_bounds(run.numel, chunk):
