@@ -43,10 +43,15 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["fuse_optimizer", "is_fused_optimizer", "FlattenWarning"]
 
-# Elements per chunk of the optimizer's own step on CPU flat buffers: with Adam's five operands
-# and temporaries the working set (~1.5 MiB per 64K fp32 elements) stays in L2/L3 between the
-# passes of a multi-pass step. Chosen with benchmarks/fused_optimizer.py (see its results).
-CPU_CHUNK_ELEMS = 1 << 16
+# Elements per chunk of the optimizer's own step on CPU flat buffers: Adam's operands and
+# temporaries for 256K fp32 elements (~6 MiB) stay in the L3 cache between the passes of a
+# multi-pass step, and a chunk is long enough that per-op overhead and the split over threads
+# stay small. Chosen with benchmarks/fused_optimizer.py (see benchmarks/results/).
+CPU_CHUNK_ELEMS = 1 << 18
+# Optimizers with a single-pass fused CPU implementation in torch: on CPU flat buffers fuse_step
+# runs that implementation (group["fused"] set for the call) instead of chunks of the multi-pass
+# loop: same math within float rounding, each byte read and written once.
+_CPU_FUSED_TYPES = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD, torch.optim.Adagrad)
 # Use the Triton kernels on CPU tensors too (only meaningful under TRITON_INTERPRET=1; for tests).
 _KERNELS_ON_CPU = False
 
@@ -643,6 +648,15 @@ class _FuseState:
         else:
             opt._opt_called = True  # what LR schedulers check to see that the optimizer stepped
 
+    def _cpu_fused_ok(self, group: dict) -> bool:
+        """Whether this group's CPU flat step can run torch's own fused (single-pass) CPU kernel."""
+        return (
+            type(self.opt) in _CPU_FUSED_TYPES
+            and "fused" in group
+            and not group.get("differentiable", False)
+            and all(p.device.type == "cpu" for p in group["params"])
+        )
+
     def _unbucketed_with_grad(self) -> bool:
         bucketed = {id(p) for _, _, bs in self.groups for b in bs for p in b.params}
         return any(p.grad is not None and id(p) not in bucketed for g in self.opt.param_groups for p in g["params"])
@@ -650,11 +664,13 @@ class _FuseState:
     def _own_step(self, own_runs: list[tuple[int, _Run]]) -> None:
         """The optimizer's own step() with each run replaced by flat views (chunked on CPU)."""
         opt, state = self.opt, self.opt.state
+        cpu_fused = [self._cpu_fused_ok(group) for group in opt.param_groups]
         new_params: list[list[torch.Tensor]] = [[] for _ in opt.param_groups]
         temps: list[tuple[_Run, list[tuple[int, int, torch.Tensor, dict]]]] = []
         for gi, run in own_runs:
             st0 = state.get(run.params[0], {})
-            chunk = CPU_CHUNK_ELEMS if run.bucket.device.type == "cpu" else run.numel
+            chunked = run.bucket.device.type == "cpu" and not cpu_fused[gi]
+            chunk = CPU_CHUNK_ELEMS if chunked else run.numel
             pieces = []
             for a, z in _chunk_bounds(run.numel, chunk):
                 fp = run.param_view[a:z]
@@ -674,15 +690,21 @@ class _FuseState:
         bucketed = {id(p) for _, _, bs in self.groups for b in bs for p in b.params}
         for gi, group in enumerate(opt.param_groups):
             new_params[gi].extend(p for p in group["params"] if id(p) not in bucketed)
-        saved = [group["params"] for group in opt.param_groups]
+        saved = [(group["params"], group.get("fused"), group.get("foreach")) for group in opt.param_groups]
+        toggled = [False] * len(saved)
         self.in_step = True
         try:
-            for group, ps in zip(opt.param_groups, new_params):
+            for gi, (group, ps) in enumerate(zip(opt.param_groups, new_params)):
                 group["params"] = ps
+                if cpu_fused[gi] and all(p.device.type == "cpu" for p in ps):
+                    group["fused"], group["foreach"] = True, False
+                    toggled[gi] = True
             opt.step()
         finally:
-            for group, ps in zip(opt.param_groups, saved):
+            for gi, (group, (ps, fused, foreach)) in enumerate(zip(opt.param_groups, saved)):
                 group["params"] = ps
+                if toggled[gi]:
+                    group["fused"], group["foreach"] = fused, foreach
             self.in_step = False
             for _, pieces in temps:
                 for _, _, fp, _ in pieces:

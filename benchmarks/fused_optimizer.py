@@ -1,0 +1,239 @@
+"""Fused optimizer benchmark: ``fuse_step`` against the unfused torch optimizers on a model-like
+set of tensors.
+
+CPU section (always): 406 tensors / 9.6M fp32 elements (transformer-like shapes). Per optimizer,
+the unfused ``step()`` against ``fuse_step()``; for Adam also foreach=False, fused=True, a flat
+multi-pass step (``fuse_step`` with one chunk per run, i.e. torch's ops streaming the whole
+buffer once per op), the chunk-size sweep of ``fuse_step`` and the single-pass kernel's torch
+reference over the flat buffers. Times: median wall clock of ``--reps`` steps.
+
+GPU section (CUDA only; skipped with a message otherwise): 256 tensors / 64M fp32 elements,
+medians of ``triton.testing.do_bench``: device-to-device copy bandwidth (read + write), torch Adam
+foreach=True and fused=True, bagua ``fuse_step`` for Adam, AdamW, SGD-momentum and Lion (Triton
+single-pass kernels; % of copy bandwidth counting 28 / 28 / 20 / 20 bytes per element), a
+per-parameter Adam loop, and Adadelta (foreach=False, no kernel of its own) unfused vs fused.
+
+Usage::
+
+    python benchmarks/fused_optimizer.py               # both sections (GPU when present)
+    python benchmarks/fused_optimizer.py --section cpu --reps 7
+
+The last line printed is the key ratio (GPU: bagua fused Adam vs torch fused=True; CPU: Adam
+fuse_step vs torch fused=True). Results: benchmarks/results/fused_optimizer.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from bagua.kernels import adam as adam_k
+from bagua.optim import Lion, fuse_optimizer
+from bagua.optim import fused as fused_mod
+
+
+def model_like_shapes(n_tensors: int, n_elems: int) -> list[tuple[int, ...]]:
+    """Transformer-like parameter shapes: blocks of 12 tensors (qkv, proj, 2 MLP matrices, their
+    biases, 2 LayerNorms), then an embedding and vectors up to ``n_tensors`` and ~``n_elems``."""
+    blocks = (n_tensors - 2) // 12
+    d = max(8, int(math.sqrt(0.85 * n_elems / (12 * blocks))) // 8 * 8)
+    shapes: list[tuple[int, ...]] = []
+    for _ in range(blocks):
+        shapes += [(3 * d, d), (3 * d,), (d, d), (d,), (d,), (d,), (4 * d, d), (4 * d,), (d, 4 * d), (d,), (d,), (d,)]
+    while len(shapes) < n_tensors - 1:
+        shapes.append((d,))
+    used = sum(math.prod(s) for s in shapes)
+    shapes.insert(0, (max(1, (n_elems - used) // d), d))  # the embedding takes the rest
+    return shapes
+
+
+def make_params(shapes, device, dtype=torch.float32, seed=0) -> list[torch.nn.Parameter]:
+    g = torch.Generator().manual_seed(seed)
+    params = []
+    for s in shapes:
+        p = torch.nn.Parameter((torch.randn(s, generator=g) * 0.02).to(device=device, dtype=dtype))
+        p.grad = (torch.randn(s, generator=g) * 1e-3).to(device=device, dtype=dtype)
+        params.append(p)
+    return params
+
+
+def cpu_median_ms(fn: Callable[[], None], reps: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+O = torch.optim
+CPU_OPTIMIZERS: list[tuple[str, Callable]] = [
+    ("SGD", lambda ps: O.SGD(ps, lr=0.01)),
+    ("SGD momentum nesterov", lambda ps: O.SGD(ps, lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4)),
+    ("Adam", lambda ps: O.Adam(ps, lr=1e-3)),
+    ("AdamW amsgrad", lambda ps: O.AdamW(ps, lr=1e-3, weight_decay=0.01, amsgrad=True)),
+    ("Adamax", lambda ps: O.Adamax(ps, lr=1e-3)),
+    ("Adadelta", lambda ps: O.Adadelta(ps)),
+    ("Adagrad", lambda ps: O.Adagrad(ps, lr=1e-2)),
+    ("RMSprop", lambda ps: O.RMSprop(ps, lr=1e-3, momentum=0.9)),
+    ("Rprop", lambda ps: O.Rprop(ps, lr=1e-3)),
+    ("NAdam", lambda ps: O.NAdam(ps, lr=1e-3)),
+    ("RAdam", lambda ps: O.RAdam(ps, lr=1e-3)),
+    ("ASGD", lambda ps: O.ASGD(ps, lr=1e-3)),
+    ("Lion (bagua)", lambda ps: Lion(ps, lr=1e-4)),
+]
+
+
+def _step_fn(opt, fused: bool) -> Callable[[], None]:
+    return opt.fuse_step if fused else opt.step
+
+
+def cpu_section(reps: int, n_tensors: int, n_elems: int) -> float:
+    shapes = model_like_shapes(n_tensors, n_elems)
+    total = sum(math.prod(s) for s in shapes)
+    print(f"\n## CPU: {len(shapes)} tensors, {total / 1e6:.2f}M fp32 elements, "
+          f"{torch.get_num_threads()} torch threads, chunk {fused_mod.CPU_CHUNK_ELEMS} elements")  # fmt: skip
+    base = make_params(shapes, "cpu")
+
+    def fresh():
+        ps = [torch.nn.Parameter(p.detach().clone()) for p in base]
+        for p, b in zip(ps, base):
+            p.grad = b.grad.clone()
+        return ps
+
+    print(f"\n{'optimizer':<26}{'unfused ms':>12}{'fuse_step ms':>14}{'speedup':>9}")
+    for name, make in CPU_OPTIMIZERS:
+        t_unfused = cpu_median_ms(_step_fn(make(fresh()), False), reps)
+        t_fused = cpu_median_ms(_step_fn(fuse_optimizer(make(fresh())), True), reps)
+        print(f"{name:<26}{t_unfused:>12.1f}{t_fused:>14.1f}{t_unfused / t_fused:>8.2f}x")
+
+    print("\n### Adam variants (lr=1e-3)")
+    rows: list[tuple[str, float]] = []
+    rows.append(("torch Adam foreach=False (per-param loop)", cpu_median_ms(O.Adam(fresh(), lr=1e-3, foreach=False).step, reps)))
+    rows.append(("torch Adam foreach=True", cpu_median_ms(O.Adam(fresh(), lr=1e-3, foreach=True).step, reps)))
+    t_torch_fused = cpu_median_ms(O.Adam(fresh(), lr=1e-3, fused=True).step, reps)
+    rows.append(("torch Adam fused=True", t_torch_fused))
+    default_chunk = fused_mod.CPU_CHUNK_ELEMS
+    try:
+        fused_mod.CPU_CHUNK_ELEMS = 1 << 40
+        rows.append(("flat multi-pass: fuse_step, one chunk", cpu_median_ms(fuse_optimizer(O.Adam(fresh(), lr=1e-3)).fuse_step, reps)))
+        rows.append(("flat fused=True: fuse_step, one chunk", cpu_median_ms(fuse_optimizer(O.Adam(fresh(), lr=1e-3, fused=True)).fuse_step, reps)))
+        for chunk in (1 << 14, 1 << 16, 1 << 18, 1 << 20):
+            fused_mod.CPU_CHUNK_ELEMS = chunk
+            rows.append((f"fuse_step, chunks of {chunk >> 10}K", cpu_median_ms(fuse_optimizer(O.Adam(fresh(), lr=1e-3)).fuse_step, reps)))
+            rows.append((f"fuse_step fused=True, chunks of {chunk >> 10}K", cpu_median_ms(fuse_optimizer(O.Adam(fresh(), lr=1e-3, fused=True)).fuse_step, reps)))
+    finally:
+        fused_mod.CPU_CHUNK_ELEMS = default_chunk
+    t_default = cpu_median_ms(fuse_optimizer(O.Adam(fresh(), lr=1e-3)).fuse_step, reps)
+    rows.append((f"fuse_step default (chunks of {default_chunk >> 10}K)", t_default))
+    t_default_fused = cpu_median_ms(fuse_optimizer(O.Adam(fresh(), lr=1e-3, fused=True)).fuse_step, reps)
+    rows.append((f"fuse_step default, fused=True", t_default_fused))
+    # the single-pass kernel's torch reference over one flat buffer (chunked multi-pass)
+    flat = [torch.randn(total) * s for s in (0.02, 1e-3, 0.0, 0.0)]
+    flat[3].abs_()
+    rows.append(("kernels.adam reference, flat buffers", cpu_median_ms(lambda: adam_k.adam_step_reference(*flat, step=5, lr=1e-3), reps)))
+    for label, t in rows:
+        print(f"{label:<48}{t:>9.1f} ms")
+    best = min(t_default, t_default_fused)
+    print(f"CPU key ratio: Adam fuse_step best {best:.1f} ms vs torch fused=True {t_torch_fused:.1f} ms: "
+          f"{t_torch_fused / best:.2f}x")  # fmt: skip
+    return t_torch_fused / best
+
+
+def gpu_section(n_tensors: int, n_elems: int) -> float | None:
+    if not torch.cuda.is_available():
+        print("\n## GPU: skipped: no CUDA device here (run on a machine with one for the GPU targets)")
+        return None
+    import triton.testing
+
+    def bench(fn) -> float:
+        return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+
+    dev = torch.device("cuda")
+    shapes = model_like_shapes(n_tensors, n_elems)
+    total = sum(math.prod(s) for s in shapes)
+    print(f"\n## GPU: {torch.cuda.get_device_name(dev)}; {len(shapes)} tensors, {total / 1e6:.1f}M fp32 elements")
+    base = make_params(shapes, dev)
+
+    def fresh():
+        ps = [torch.nn.Parameter(p.detach().clone()) for p in base]
+        for p, b in zip(ps, base):
+            p.grad = b.grad.clone()
+        return ps
+
+    # correctness first: fused (Triton) vs unfused, a few steps
+    ref_ps, f_ps = fresh(), fresh()
+    o_ref = O.AdamW(ref_ps, lr=1e-3, weight_decay=0.01)
+    o_f = fuse_optimizer(O.AdamW(f_ps, lr=1e-3, weight_decay=0.01))
+    for _ in range(5):
+        o_ref.step()
+        o_f.fuse_step()
+    err = max(float(((a - b).abs() / b.abs().clamp_min(1e-6)).max()) for a, b in zip(f_ps, ref_ps))
+    print(f"correctness: fused AdamW vs torch AdamW after 5 steps, max relative error {err:.2e}")
+
+    src = torch.empty(total, device=dev)
+    dst = torch.empty_like(src)
+    t_copy = bench(lambda: dst.copy_(src))
+    copy_bw = 8 * total / t_copy / 1e9  # TB/s
+    print(f"\ndevice-to-device copy: {t_copy:.3f} ms, {copy_bw:.2f} TB/s (read + write)")
+
+    rows = []
+
+    def row(label, ms, bytes_per_elem=None, ref_ms=None):
+        bw = f"{bytes_per_elem * total / ms / 1e9:.2f} TB/s ({100 * bytes_per_elem * total / ms / 1e9 / copy_bw:.0f}% copy)" if bytes_per_elem else ""
+        extra = f"{ref_ms / ms:.2f}x" if ref_ms else ""
+        rows.append((label, ms, bw, extra))
+        print(f"{label:<44}{ms:>9.3f} ms  {bw:<26}{extra}")
+
+    t_foreach = bench(O.Adam(fresh(), lr=1e-3, foreach=True).step)
+    row("torch Adam foreach=True", t_foreach, 28)
+    t_tfused = bench(O.Adam(fresh(), lr=1e-3, fused=True).step)
+    row("torch Adam fused=True", t_tfused, 28)
+    t_loop = bench(O.Adam(fresh(), lr=1e-3, foreach=False).step)
+    row("torch Adam foreach=False (per-param loop)", t_loop, 28)
+    t_badam = bench(fuse_optimizer(O.Adam(fresh(), lr=1e-3)).fuse_step)
+    row("bagua fuse_step Adam (vs fused=True)", t_badam, 28, t_tfused)
+    row("bagua fuse_step AdamW (vs fused=True)", bench(fuse_optimizer(O.AdamW(fresh(), lr=1e-3, weight_decay=0.01)).fuse_step), 28, t_tfused)
+    row("torch SGD momentum foreach=True", bench(O.SGD(fresh(), lr=1e-3, momentum=0.9, foreach=True).step), 20)
+    row("bagua fuse_step SGD momentum", bench(fuse_optimizer(O.SGD(fresh(), lr=1e-3, momentum=0.9)).fuse_step), 20)
+    row("bagua Lion unfused (per-param kernels)", bench(Lion(fresh(), lr=1e-4).step), 20)
+    row("bagua fuse_step Lion", bench(fuse_optimizer(Lion(fresh(), lr=1e-4)).fuse_step), 20)
+    t_ad = bench(O.Adadelta(fresh(), foreach=False).step)
+    row("torch Adadelta foreach=False (unfused)", t_ad)
+    row("bagua fuse_step Adadelta (generic)", bench(fuse_optimizer(O.Adadelta(fresh(), foreach=False)).fuse_step), None, t_ad)
+    print(f"GPU key ratio: bagua fused Adam vs torch fused=True: {t_tfused / t_badam:.2f}x "
+          f"({100 * 28 * total / t_badam / 1e9 / copy_bw:.0f}% of copy bandwidth)")  # fmt: skip
+    return t_tfused / t_badam
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--section", choices=["cpu", "gpu", "all"], default="all")
+    parser.add_argument("--reps", type=int, default=7, help="CPU: timed steps per configuration (median)")
+    parser.add_argument("--cpu-tensors", type=int, default=406)
+    parser.add_argument("--cpu-elems", type=float, default=9.6e6)
+    parser.add_argument("--gpu-tensors", type=int, default=256)
+    parser.add_argument("--gpu-elems", type=float, default=64 * 2**20)
+    args = parser.parse_args(argv)
+    gpu_ratio = cpu_ratio = None
+    if args.section in ("gpu", "all"):
+        gpu_ratio = gpu_section(args.gpu_tensors, int(args.gpu_elems))
+    if args.section in ("cpu", "all"):
+        cpu_ratio = cpu_section(args.reps, args.cpu_tensors, int(args.cpu_elems))
+    if gpu_ratio is not None:
+        print(f"key ratio: bagua fused Adam / torch fused=True (GPU) = {gpu_ratio:.2f}x")
+    elif cpu_ratio is not None:
+        print(f"key ratio: Adam fuse_step / torch fused=True (CPU) = {cpu_ratio:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
