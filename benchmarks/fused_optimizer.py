@@ -2,10 +2,11 @@
 set of tensors.
 
 CPU section (always): 406 tensors / 9.6M fp32 elements (transformer-like shapes). Per optimizer,
-the unfused ``step()`` against ``fuse_step()``; for Adam also foreach=False, fused=True, a flat
-multi-pass step (``fuse_step`` with one chunk per run, i.e. torch's ops streaming the whole
-buffer once per op), the chunk-size sweep of ``fuse_step`` and the single-pass kernel's torch
-reference over the flat buffers. Times: median wall clock of ``--reps`` steps.
+the unfused ``step()`` against ``fuse_step()``; for Adam also foreach=False, foreach=True,
+fused=True, a flat multi-pass step (the optimizer's own step on one flat view: each op streams
+the whole buffer), the same in cache-sized chunks, the kernel's torch reference over flat buffers,
+and the default ``fuse_step`` (torch's fused single-pass CPU kernel on the flat buffers). Times:
+minimum (and median) wall clock over ``--reps`` interleaved rounds.
 
 GPU section (CUDA only; skipped with a message otherwise): 256 tensors / 64M fp32 elements,
 medians of ``triton.testing.do_bench``: device-to-device copy bandwidth (read + write), torch Adam
@@ -63,15 +64,35 @@ def make_params(shapes, device, dtype=torch.float32, seed=0) -> list[torch.nn.Pa
     return params
 
 
-def cpu_median_ms(fn: Callable[[], None], reps: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
+def cpu_times_ms(fns: dict[str, Callable[[], None]], reps: int) -> dict[str, tuple[float, float]]:
+    """(min, median) ms per function, timed in interleaved rounds (one call of each per round) so
+    that load from other processes on a shared machine hits every configuration alike; the
+    minimum is the estimate least disturbed by that load."""
+    for fn in fns.values():
+        fn()  # warm-up (allocates lazily created state)
+    times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(1e3 * (time.perf_counter() - t0))
+    return {k: (min(v), statistics.median(v)) for k, v in times.items()}
+
+
+def _with(fn: Callable[[], None], **module_attrs) -> Callable[[], None]:
+    """fn run with attributes of bagua.optim.fused temporarily set (chunk size, CPU fused types)."""
+
+    def run():
+        old = {k: getattr(fused_mod, k) for k in module_attrs}
+        for k, v in module_attrs.items():
+            setattr(fused_mod, k, v)
+        try:
+            fn()
+        finally:
+            for k, v in old.items():
+                setattr(fused_mod, k, v)
+
+    return run
 
 
 O = torch.optim
@@ -109,41 +130,35 @@ def cpu_section(reps: int, n_tensors: int, n_elems: int) -> float:
             p.grad = b.grad.clone()
         return ps
 
-    print(f"\n{'optimizer':<26}{'unfused ms':>12}{'fuse_step ms':>14}{'speedup':>9}")
+    print(f"\ntimes: min (median) of {reps} interleaved rounds, ms")
+    print(f"\n{'optimizer':<24}{'unfused step()':>18}{'fuse_step()':>18}{'speedup (min)':>15}")
     for name, make in CPU_OPTIMIZERS:
-        t_unfused = cpu_median_ms(_step_fn(make(fresh()), False), reps)
-        t_fused = cpu_median_ms(_step_fn(fuse_optimizer(make(fresh())), True), reps)
-        print(f"{name:<26}{t_unfused:>12.1f}{t_fused:>14.1f}{t_unfused / t_fused:>8.2f}x")
+        t = cpu_times_ms({"u": make(fresh()).step, "f": fuse_optimizer(make(fresh())).fuse_step}, reps)
+        (u, um), (f, fm) = t["u"], t["f"]
+        print(f"{name:<24}{u:>9.1f} ({um:>6.1f}){f:>10.1f} ({fm:>6.1f}){u / f:>14.2f}x")
 
-    print("\n### Adam variants (lr=1e-3)")
-    rows: list[tuple[str, float]] = []
-    rows.append(("torch Adam foreach=False (per-param loop)", cpu_median_ms(O.Adam(fresh(), lr=1e-3, foreach=False).step, reps)))
-    rows.append(("torch Adam foreach=True", cpu_median_ms(O.Adam(fresh(), lr=1e-3, foreach=True).step, reps)))
-    t_torch_fused = cpu_median_ms(O.Adam(fresh(), lr=1e-3, fused=True).step, reps)
-    rows.append(("torch Adam fused=True", t_torch_fused))
-    default_chunk = fused_mod.CPU_CHUNK_ELEMS
-    try:
-        fused_mod.CPU_CHUNK_ELEMS = 1 << 40
-        rows.append(("flat multi-pass: fuse_step, one chunk", cpu_median_ms(fuse_optimizer(O.Adam(fresh(), lr=1e-3)).fuse_step, reps)))
-        rows.append(("flat fused=True: fuse_step, one chunk", cpu_median_ms(fuse_optimizer(O.Adam(fresh(), lr=1e-3, fused=True)).fuse_step, reps)))
-        for chunk in (1 << 14, 1 << 16, 1 << 18, 1 << 20):
-            fused_mod.CPU_CHUNK_ELEMS = chunk
-            rows.append((f"fuse_step, chunks of {chunk >> 10}K", cpu_median_ms(fuse_optimizer(O.Adam(fresh(), lr=1e-3)).fuse_step, reps)))
-            rows.append((f"fuse_step fused=True, chunks of {chunk >> 10}K", cpu_median_ms(fuse_optimizer(O.Adam(fresh(), lr=1e-3, fused=True)).fuse_step, reps)))
-    finally:
-        fused_mod.CPU_CHUNK_ELEMS = default_chunk
-    t_default = cpu_median_ms(fuse_optimizer(O.Adam(fresh(), lr=1e-3)).fuse_step, reps)
-    rows.append((f"fuse_step default (chunks of {default_chunk >> 10}K)", t_default))
-    t_default_fused = cpu_median_ms(fuse_optimizer(O.Adam(fresh(), lr=1e-3, fused=True)).fuse_step, reps)
-    rows.append((f"fuse_step default, fused=True", t_default_fused))
-    # the single-pass kernel's torch reference over one flat buffer (chunked multi-pass)
-    flat = [torch.randn(total) * s for s in (0.02, 1e-3, 0.0, 0.0)]
-    flat[3].abs_()
-    rows.append(("kernels.adam reference, flat buffers", cpu_median_ms(lambda: adam_k.adam_step_reference(*flat, step=5, lr=1e-3), reps)))
-    for label, t in rows:
-        print(f"{label:<48}{t:>9.1f} ms")
-    best = min(t_default, t_default_fused)
-    print(f"CPU key ratio: Adam fuse_step best {best:.1f} ms vs torch fused=True {t_torch_fused:.1f} ms: "
+    print("\n### Adam (lr=1e-3) on the same set")
+    no_fused = dict(_CPU_FUSED_TYPES=())
+    configs = {
+        "torch Adam foreach=False (per-param loop)": O.Adam(fresh(), lr=1e-3, foreach=False).step,
+        "torch Adam foreach=True": O.Adam(fresh(), lr=1e-3, foreach=True).step,
+        "torch Adam fused=True (per param)": O.Adam(fresh(), lr=1e-3, fused=True).step,
+        "flat multi-pass (own step, one chunk)": _with(fuse_optimizer(O.Adam(fresh(), lr=1e-3)).fuse_step,
+                                                       CPU_CHUNK_ELEMS=1 << 40, **no_fused),
+    }
+    for chunk in (1 << 16, 1 << 18, 1 << 20):
+        configs[f"own step in chunks of {chunk >> 10}K"] = _with(
+            fuse_optimizer(O.Adam(fresh(), lr=1e-3)).fuse_step, CPU_CHUNK_ELEMS=chunk, **no_fused)
+    configs["kernels.adam reference (chunked), flat"] = (
+        lambda flat: (lambda: adam_k.adam_step_reference(*flat, step=5, lr=1e-3))
+    )([torch.randn(total) * 0.02, torch.randn(total) * 1e-3, torch.zeros(total), torch.zeros(total)])
+    configs["fuse_step default: torch fused CPU kernel, flat"] = fuse_optimizer(O.Adam(fresh(), lr=1e-3)).fuse_step
+    t = cpu_times_ms(configs, reps)
+    for label, (mn, med) in t.items():
+        print(f"{label:<48}{mn:>9.1f} ({med:>6.1f})")
+    best = t["fuse_step default: torch fused CPU kernel, flat"][0]
+    t_torch_fused = t["torch Adam fused=True (per param)"][0]
+    print(f"CPU key ratio: Adam fuse_step {best:.1f} ms vs torch fused=True {t_torch_fused:.1f} ms: "
           f"{t_torch_fused / best:.2f}x")  # fmt: skip
     return t_torch_fused / best
 

@@ -579,6 +579,7 @@ class _FuseState:
         self.warned: set[str] = set()
         self.in_step = False
         self.loading = False
+        self.bucketed: set[int] = set()
 
     # hooks
     def on_step(self, opt, args, kwargs) -> None:
@@ -622,6 +623,7 @@ class _FuseState:
             else:
                 self.groups.append(entry)
         del self.groups[len(pgs) :]
+        self.bucketed = {id(p) for _, _, bs in self.groups for b in bs for p in b.params}
 
     def step(self) -> None:
         opt = self.opt
@@ -658,8 +660,9 @@ class _FuseState:
         )
 
     def _unbucketed_with_grad(self) -> bool:
-        bucketed = {id(p) for _, _, bs in self.groups for b in bs for p in b.params}
-        return any(p.grad is not None and id(p) not in bucketed for g in self.opt.param_groups for p in g["params"])
+        return any(
+            p.grad is not None and id(p) not in self.bucketed for g in self.opt.param_groups for p in g["params"]
+        )
 
     def _own_step(self, own_runs: list[tuple[int, _Run]]) -> None:
         """The optimizer's own step() with each run replaced by flat views (chunked on CPU)."""
@@ -687,9 +690,8 @@ class _FuseState:
         for gi, (_, _, buckets) in enumerate(self.groups):
             for b in buckets:
                 new_params[gi].extend(b.singles)
-        bucketed = {id(p) for _, _, bs in self.groups for b in bs for p in b.params}
         for gi, group in enumerate(opt.param_groups):
-            new_params[gi].extend(p for p in group["params"] if id(p) not in bucketed)
+            new_params[gi].extend(p for p in group["params"] if id(p) not in self.bucketed)
         saved = [(group["params"], group.get("fused"), group.get("foreach")) for group in opt.param_groups]
         toggled = [False] * len(saved)
         self.in_step = True
