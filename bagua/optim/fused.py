@@ -605,10 +605,12 @@ class _FuseState:
     def sync_groups(self, warn: bool = True) -> None:
         """Builds buckets for new param groups (and for groups whose params list changed)."""
         pgs = self.opt.param_groups
+        changed = len(self.groups) != len(pgs)
         for gi, group in enumerate(pgs):
             params = group["params"]
             if gi < len(self.groups) and self.groups[gi][0] is params and self.groups[gi][1] == len(params):
                 continue
+            changed = True
             if warn:
                 self.warn("groups", "param groups changed after fuse_optimizer (e.g. add_param_group); "
                           "their parameters were flattened now", stacklevel=5)  # fmt: skip
@@ -622,8 +624,9 @@ class _FuseState:
                 self.groups[gi] = entry
             else:
                 self.groups.append(entry)
-        del self.groups[len(pgs) :]
-        self.bucketed = {id(p) for _, _, bs in self.groups for b in bs for p in b.params}
+        if changed:
+            del self.groups[len(pgs) :]
+            self.bucketed = {id(p) for _, _, bs in self.groups for b in bs for p in b.params}
 
     def step(self) -> None:
         opt = self.opt
