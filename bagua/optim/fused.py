@@ -7,8 +7,13 @@ working unchanged. ``fuse_step()`` then updates whole runs of adjacent parameter
 
 * CUDA, and an optimizer with a single-pass kernel (torch.optim.Adam, AdamW, SGD, bagua Lion):
   one Triton kernel per run (:mod:`bagua.kernels`), every byte read and written once;
+* CPU, and SGD / Adam / AdamW / Adagrad: torch's own fused (single-pass) CPU kernel on the flat
+  views of the runs (``group["fused"]`` is set for that call only);
 * otherwise the optimizer's own ``step()`` on flat views of the runs (one "parameter" per run),
   in cache-sized chunks on CPU, so that a multi-pass step re-reads data still in cache.
+
+Scalar state (e.g. Adam's ``step``) stays per parameter, as torch keeps it; ``state_dict()``
+returns per-parameter copies, never views of the flat buffers.
 
 A run is a maximal sequence of parameters of one group that are adjacent in every buffer, have a
 gradient, and share their scalar state (e.g. the same ``step``). Anything that breaks that (a

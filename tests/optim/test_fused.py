@@ -431,3 +431,32 @@ def test_do_flatten_false_fuses_params_already_adjacent():
     assert len(opt2._bagua_fuse.groups[0][2][0].runs) == 3
     for r, p in zip(ref, ps):
         torch.testing.assert_close(p.detach(), r.detach())
+
+
+def test_steady_state_takes_the_fast_path_and_leaves_groups_as_they_were(monkeypatch):
+    m1, o1, m2, o2 = twins(lambda m: torch.optim.Adam(groups(m), lr=1e-2))
+    fuse_optimizer(o2)
+    calls = []
+    real = fused_mod._Bucket.analyze
+    monkeypatch.setattr(fused_mod._Bucket, "analyze", lambda self, st: (calls.append(1), real(self, st))[1])
+    for step in range(6):
+        for m, o in ((m1, o1), (m2, o2)):
+            o.zero_grad(set_to_none=False)
+            backward(m, step)
+        o1.step()
+        o2.fuse_step()
+    # 2 buckets analysed at the first step, again after the state was created, then never
+    assert len(calls) == 4
+    assert o1.state_dict()["param_groups"] == o2.state_dict()["param_groups"]  # fused/foreach restored
+    assert o2.param_groups[0]["fused"] is None and o2.param_groups[0]["foreach"] is None
+    assert_same_params(m1, m2)
+
+
+@pytest.mark.parametrize("numel, chunk, want", [
+    (10, 4, [(0, 4), (4, 8), (8, 10)]),
+    (9, 4, [(0, 4), (4, 9)]),  # a 1-element tail is merged: no piece is mistaken for a scalar
+    (1000 + 100, 1000, [(0, 1100)]),  # tails under a quarter chunk are merged too
+    (5, 100, [(0, 5)]),
+])
+def test_chunk_bounds(numel, chunk, want):
+    assert fused_mod._chunk_bounds(numel, chunk) == want
