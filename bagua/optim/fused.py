@@ -213,7 +213,7 @@ class _Run:
     """Params [i0, i1) of a bucket, adjacent in every buffer, updated as one flat tensor."""
 
     __slots__ = ("bucket", "i0", "i1", "numel", "flat_keys", "tensor_keys", "py_keys", "params",
-                 "param_view", "grad_view", "state_views", "scalar_lists", "step_value")  # fmt: skip
+                 "param_view", "grad_view", "state_views", "scalar_lists", "scalar_views", "step_value")  # fmt: skip
 
     def __init__(self, bucket: "_Bucket", i0: int, i1: int, sig: tuple, state: dict):
         self.bucket, self.i0, self.i1 = bucket, i0, i1
@@ -228,6 +228,12 @@ class _Run:
         st0 = state[p0] if self.flat_keys or self.tensor_keys or self.py_keys else {}
         self.state_views = {k: _flat_view(st0[k], self.numel) for k in self.flat_keys}
         self.scalar_lists = {k: [state[p][k] for p in self.params] for k in self.tensor_keys}
+        # scalar state held in the bucket's scalar buffers: one op updates the whole run
+        self.scalar_views = {}
+        for k in self.tensor_keys:
+            homes = bucket.scalar_homes.get(k)
+            if homes is not None and all(map(_is, self.scalar_lists[k], homes[i0:i1])):
+                self.scalar_views[k] = bucket.scalar_bufs[k][i0:i1]
         step = st0.get("step")
         self.step_value = float(step.item()) if isinstance(step, torch.Tensor) else None
 
@@ -249,6 +255,9 @@ class _Bucket:
         self.dtype, self.device = p0.dtype, p0.device
         self.state_bufs: dict[str, torch.Tensor] = {}
         self.state_homes: dict[str, list[torch.Tensor]] = {}
+        # 0-dim tensor state (e.g. "step") as views of one 1-D buffer per key
+        self.scalar_bufs: dict[str, torch.Tensor] = {}
+        self.scalar_homes: dict[str, list[torch.Tensor]] = {}
         self.grad_was_home = [False] * len(params)
         self.state_was_home: set[tuple[str, int]] = set()
         self.flat_param = self.flat_grad = None
@@ -289,6 +298,8 @@ class _Bucket:
                             home.copy_(v)
                             st[k] = home
                             self.state_was_home.add((k, i))
+                    elif isinstance(v, torch.Tensor) and v.dim() == 0 and not v.requires_grad:
+                        self._scalar_to_home(st, k, i, v)
 
     def _is_flat_state(self, p: torch.Tensor, v: Any) -> bool:
         return (
@@ -310,6 +321,21 @@ class _Bucket:
         elif buf.dtype != dtype:
             return None
         return self.state_homes[key][i]
+
+    def _scalar_to_home(self, st: dict, key: str, i: int, v: torch.Tensor) -> None:
+        """Moves 0-dim tensor state (e.g. Adam's step) into the bucket's scalar buffer for ``key``
+        (created on first use) unless that buffer has another dtype or device."""
+        buf = self.scalar_bufs.get(key)
+        if buf is None:
+            buf = torch.zeros(len(self.params), dtype=v.dtype, device=v.device)
+            self.scalar_bufs[key] = buf
+            self.scalar_homes[key] = [buf[j] for j in range(len(self.params))]
+        elif buf.dtype != v.dtype or buf.device != v.device:
+            return
+        home = self.scalar_homes[key][i]
+        if v is not home:
+            home.copy_(v)
+            st[key] = home
 
     # -- per-step checks -------------------------------------------------------------------------
     def _snapshot(self, state: dict) -> tuple:
@@ -440,6 +466,9 @@ class _Bucket:
             elif isinstance(v, torch.Tensor):
                 if v.numel() != 1 or v.requires_grad:
                     return None  # state that is neither per element nor a scalar: update alone
+                if flatten and v.dim() == 0:
+                    self._scalar_to_home(st, k, i, v)
+                    v = st[k]
                 sig.append((k, "tensor", v.dtype, v.device, v.item()))
             else:
                 try:
@@ -512,7 +541,10 @@ def _adam_kernel(opt, group, run: _Run) -> bool:
         maximize=bool(group["maximize"]),
         decoupled_weight_decay=bool(group.get("decoupled_weight_decay", isinstance(opt, torch.optim.AdamW))),
     )  # fmt: skip
-    torch._foreach_add_(run.scalar_lists["step"], 1.0)
+    if "step" in run.scalar_views:
+        run.scalar_views["step"].add_(1.0)
+    else:
+        torch._foreach_add_(run.scalar_lists["step"], 1.0)
     if run.step_value is not None:
         run.step_value += 1.0
     return True
@@ -585,6 +617,7 @@ class _FuseState:
         self.in_step = False
         self.loading = False
         self.bucketed: set[int] = set()
+        self.unbucketed: list[torch.Tensor] = []  # e.g. integer or sparse-layout params
 
     # hooks
     def on_step(self, opt, args, kwargs) -> None:
@@ -632,6 +665,7 @@ class _FuseState:
         if changed:
             del self.groups[len(pgs) :]
             self.bucketed = {id(p) for _, _, bs in self.groups for b in bs for p in b.params}
+            self.unbucketed = [p for g in pgs for p in g["params"] if id(p) not in self.bucketed]
 
     def step(self) -> None:
         opt = self.opt
@@ -668,9 +702,7 @@ class _FuseState:
         )
 
     def _unbucketed_with_grad(self) -> bool:
-        return any(
-            p.grad is not None and id(p) not in self.bucketed for g in self.opt.param_groups for p in g["params"]
-        )
+        return any(p.grad is not None for p in self.unbucketed)
 
     def _own_step(self, own_runs: list[tuple[int, _Run]]) -> None:
         """The optimizer's own step() with each run replaced by flat views (chunked on CPU)."""
@@ -736,7 +768,9 @@ class _FuseState:
             ):  # new per-element state (pieces have >= 2 elements, so never a scalar)
                 b.adopt(run, k, [(a, z, st[k]) for a, z, _, st in pieces], state)
             elif isinstance(v, torch.Tensor) and v.numel() == 1:
-                if k in run.scalar_lists:
+                if k in run.scalar_views:
+                    run.scalar_views[k].copy_(v)
+                elif k in run.scalar_lists:
                     torch._foreach_copy_(run.scalar_lists[k], [v] * len(run.params))
                 else:
                     for p in run.params:
