@@ -116,6 +116,7 @@ def test_params_grads_and_state_are_views_of_flat_buffers():
     model = Net()
     opt = fuse_optimizer(torch.optim.Adam(groups(model), lr=1e-3))
     backward(model, 0)
+    opt.fuse_step()  # creates the state (per parameter), moved into buffers at the next step
     opt.fuse_step()
     decay = opt.param_groups[0]["params"]
     base = decay[0].untyped_storage().data_ptr()
@@ -123,7 +124,7 @@ def test_params_grads_and_state_are_views_of_flat_buffers():
     assert all(p.grad.untyped_storage().data_ptr() == decay[0].grad.untyped_storage().data_ptr() for p in decay)
     for k in ("exp_avg", "exp_avg_sq", "step"):  # "step" too: 0-dim views of one buffer
         assert len({opt.state[p][k].untyped_storage().data_ptr() for p in decay}) == 1
-    assert all(opt.state[p]["step"].dim() == 0 and float(opt.state[p]["step"]) == 1.0 for p in decay)
+    assert all(opt.state[p]["step"].dim() == 0 and float(opt.state[p]["step"]) == 2.0 for p in decay)
     sd = opt.state_dict()["state"]
     assert all(v["step"]._base is None and v["step"].untyped_storage().nbytes() == 4 for v in sd.values())
     b = opt._bagua_fuse.groups[0][2][0]
