@@ -57,6 +57,10 @@ CPU_CHUNK_ELEMS = 1 << 18
 # runs that implementation (group["fused"] set for the call) instead of chunks of the multi-pass
 # loop: same math within float rounding, each byte read and written once.
 _CPU_FUSED_TYPES = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD, torch.optim.Adagrad)
+# Optimizers whose CPU flat step is not chunked: few passes per element, so chunks only add
+# per-tensor Python work (ASGD reads its scalars with .item() per tensor; bagua Lion's step
+# already works in cache-sized chunks). Measured in benchmarks/results/fused_optimizer.md.
+_CPU_UNCHUNKED_TYPES = (torch.optim.ASGD, Lion)
 # Use the Triton kernels on CPU tensors too (only meaningful under TRITON_INTERPRET=1; for tests).
 _KERNELS_ON_CPU = False
 
@@ -712,7 +716,7 @@ class _FuseState:
         temps: list[tuple[_Run, list[tuple[int, int, torch.Tensor, dict]]]] = []
         for gi, run in own_runs:
             st0 = state.get(run.params[0], {})
-            chunked = run.bucket.device.type == "cpu" and not cpu_fused[gi]
+            chunked = run.bucket.device.type == "cpu" and not cpu_fused[gi] and type(opt) not in _CPU_UNCHUNKED_TYPES
             chunk = CPU_CHUNK_ELEMS if chunked else run.numel
             pieces = []
             for a, z in _chunk_bounds(run.numel, chunk):
