@@ -766,7 +766,7 @@ class _FuseState:
             if k in run.state_views:
                 for a, z, _, st in pieces:
                     if st[k] is not None and st[k].data_ptr() != run.state_views[k][a:z].data_ptr():
-                        run.state_views[k][a:z].copy_(st[k].view(-1))  # the step reallocated it
+                        run.state_views[k][a:z].copy_(st[k].reshape(-1))  # the step reallocated it
             elif isinstance(v, torch.Tensor) and all(
                 isinstance(st.get(k), torch.Tensor) and st[k].shape == (z - a,) for a, z, _, st in pieces
             ):  # new per-element state (pieces have >= 2 elements, so never a scalar)
