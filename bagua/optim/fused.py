@@ -1,0 +1,802 @@
+"""Generic fused optimizer: flat buffers for params, grads and optimizer state, and ``fuse_step``.
+
+:func:`fuse_optimizer` moves the parameters, gradients and every per-element state tensor of each
+(param group, dtype, device) into contiguous buffers; ``param.data``, ``param.grad`` and the state
+tensors become views of them, so model code, LR schedulers, gradient clipping and ``step()`` keep
+working unchanged. ``fuse_step()`` then updates whole runs of adjacent parameters at once:
+
+* CUDA, and an optimizer with a single-pass kernel (torch.optim.Adam, AdamW, SGD, bagua Lion):
+  one Triton kernel per run (:mod:`bagua.kernels`), every byte read and written once;
+* CPU, and SGD / Adam / AdamW / Adagrad: torch's own fused (single-pass) CPU kernel on the flat
+  views of the runs (``group["fused"]`` is set for that call only);
+* otherwise the optimizer's own ``step()`` on flat views of the runs (one "parameter" per run),
+  in cache-sized chunks on CPU, so that a multi-pass step re-reads data still in cache.
+
+Scalar state (e.g. Adam's ``step``) stays per parameter, as torch keeps it; ``state_dict()``
+returns per-parameter copies, never views of the flat buffers.
+
+A run is a maximal sequence of parameters of one group that are adjacent in every buffer, have a
+gradient, and share their scalar state (e.g. the same ``step``). Anything that breaks that (a
+gradient replaced or freed by ``zero_grad(set_to_none=True)``, a state tensor reallocated, a
+parameter without a gradient this step, ``add_param_group``) is detected at each ``fuse_step``:
+the affected tensors are copied back into their buffer (or updated on their own when that is not
+possible), so results stay those of the unfused optimizer; ``check_flatten`` warns once per kind.
+
+Only optimizers whose update is element-wise given per-parameter scalars can be fused; those that
+use per-tensor norms or factored / matrix state (LAMB, LARS, Adafactor, Muon, Shampoo, ...) are
+refused with an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import re
+import types
+import warnings
+from typing import Any, Callable
+
+import torch
+
+from bagua.kernels import adam as _adam_k
+from bagua.kernels import lion as _lion_k
+from bagua.kernels import sgd as _sgd_k
+
+from .lion import Lion
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["fuse_optimizer", "is_fused_optimizer", "FlattenWarning"]
+
+# Elements per chunk of the optimizer's own step on CPU flat buffers: Adam's operands and
+# temporaries for 256K fp32 elements (~6 MiB) stay in the L3 cache between the passes of a
+# multi-pass step, and a chunk is long enough that per-op overhead and the split over threads
+# stay small. Chosen with benchmarks/fused_optimizer.py (see benchmarks/results/).
+CPU_CHUNK_ELEMS = 1 << 18
+# Optimizers with a single-pass fused CPU implementation in torch: on CPU flat buffers fuse_step
+# runs that implementation (group["fused"] set for the call) instead of chunks of the multi-pass
+# loop: same math within float rounding, each byte read and written once.
+_CPU_FUSED_TYPES = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD, torch.optim.Adagrad)
+# Optimizers whose CPU flat step is not chunked: few passes per element, so chunks only add
+# per-tensor Python work (ASGD reads its scalars with .item() per tensor; bagua Lion's step
+# already works in cache-sized chunks). Measured in benchmarks/results/fused_optimizer.md.
+_CPU_UNCHUNKED_TYPES = (torch.optim.ASGD, Lion)
+# Use the Triton kernels on CPU tensors too (only meaningful under TRITON_INTERPRET=1; for tests).
+_KERNELS_ON_CPU = False
+
+_ATTR = "_bagua_fuse"
+_PER_TENSOR_NAMES = re.compile(r"lamb|lars|adafactor|novograd|shampoo|muon|sm3|galore|came|lomo", re.I)
+_is = operator.is_
+
+
+class FlattenWarning(UserWarning):
+    """Something broke the flat layout of a fused optimizer; ``fuse_step`` repaired or worked around it."""
+
+
+def is_fused_optimizer(optimizer: Any) -> bool:
+    """True if ``optimizer`` went through :func:`fuse_optimizer`.
+
+    Example::
+
+        >>> opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+        >>> is_fused_optimizer(opt), is_fused_optimizer(fuse_optimizer(opt))
+        (False, True)
+    """
+    return isinstance(getattr(optimizer, _ATTR, None), _FuseState)
+
+
+def _refusal(optimizer: torch.optim.Optimizer) -> str | None:
+    name = type(optimizer).__name__
+    if isinstance(optimizer, torch.optim.LBFGS):
+        return "LBFGS keeps one global state (history of flattened directions) for all parameters"
+    if isinstance(optimizer, torch.optim.SparseAdam):
+        return "SparseAdam updates sparse gradients, which flat dense buffers cannot hold"
+    for cls_name, why in (("Adafactor", "factored row/column second moments per tensor"),
+                          ("Muon", "a per-matrix orthogonalization (Newton-Schulz) of each update")):  # fmt: skip
+        cls = getattr(torch.optim, cls_name, None)
+        if cls is not None and isinstance(optimizer, cls):
+            return f"{cls_name} uses {why}"
+    if _PER_TENSOR_NAMES.search(name):
+        return f"{name} looks like a per-tensor-norm / matrix optimizer (LAMB, LARS, Adafactor, Muon, ...)"
+    return None
+
+
+def fuse_optimizer(
+    optimizer: torch.optim.Optimizer, do_flatten: bool = True, check_flatten: bool = True
+) -> torch.optim.Optimizer:
+    """Makes ``optimizer`` fused: flat buffers and a ``fuse_step(closure=None)`` method.
+
+    Args:
+        optimizer: any ``torch.optim.Optimizer`` whose update is element-wise given per-parameter
+            scalars (every torch.optim optimizer except LBFGS, SparseAdam, Adafactor and Muon,
+            and user-written optimizers with per-parameter tensor state).
+        do_flatten: move params, grads and states into flat buffers per (group, dtype, device).
+            With False nothing is moved and ``fuse_step`` fuses only parameters that are already
+            adjacent in memory (e.g. flattened by someone else), one by one otherwise.
+        check_flatten: warn (once per kind, :class:`FlattenWarning`) when something broke the flat
+            layout and ``fuse_step`` had to repair it or update tensors on their own.
+
+    Returns:
+        The same optimizer object, with ``fuse_step`` bound on the instance (its class is not
+        touched). ``step()`` keeps its behaviour; both may be mixed freely.
+
+    Raises:
+        TypeError: not a torch optimizer. ValueError: already fused, or an optimizer whose update
+        depends on whole tensors (named in the message).
+
+    Example::
+
+        >>> model = torch.nn.Linear(8, 4)
+        >>> opt = fuse_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3))
+        >>> model(torch.randn(2, 8)).sum().backward()
+        >>> opt.fuse_step(); opt.zero_grad(set_to_none=False)
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"fuse_optimizer expects a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if is_fused_optimizer(optimizer):
+        raise ValueError(
+            f"this {type(optimizer).__name__} is already fused (fuse_optimizer was called on it before); "
+            f"call fuse_step() on it directly"
+        )
+    why = _refusal(optimizer)
+    if why is not None:
+        raise ValueError(
+            f"fuse_optimizer cannot fuse {type(optimizer).__name__}: {why}, so its update changes meaning "
+            f"on a flat buffer of many tensors. Use its own step() instead."
+        )
+    fs = _FuseState(optimizer, bool(do_flatten), bool(check_flatten))
+    setattr(optimizer, _ATTR, fs)
+    optimizer.fuse_step = types.MethodType(_fuse_step, optimizer)
+    optimizer.register_step_post_hook(fs.on_step)
+    optimizer.register_load_state_dict_post_hook(fs.on_load)
+    optimizer.register_state_dict_post_hook(_unview_state_dict)
+    with torch.no_grad():
+        fs.sync_groups(warn=False)
+    return optimizer
+
+
+def _fuse_step(self: torch.optim.Optimizer, closure: Callable[[], Any] | None = None) -> Any:
+    """One optimizer step on the flat buffers (bound on each fused optimizer as ``fuse_step``).
+
+    Same result as ``step(closure)``: the closure, if given, runs first (with grad enabled) and its
+    loss is returned.
+
+    Example::
+
+        >>> loss = opt.fuse_step(lambda: model(x).pow(2).sum())  # doctest: +SKIP
+    """
+    loss = None
+    if closure is not None:
+        with torch.enable_grad():
+            loss = closure()
+    with torch.no_grad():
+        getattr(self, _ATTR).step()
+    return loss
+
+
+def _unview_state_dict(optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:
+    """state_dict post hook: per-parameter copies instead of views of the flat buffers (torch.save
+    would otherwise store a whole buffer per tensor), in new dicts (the live state is untouched)."""
+    state = state_dict["state"]
+    for key, per_param in list(state.items()):
+        if any(isinstance(v, torch.Tensor) and _is_view(v) for v in per_param.values()):
+            state[key] = {
+                k: (v.clone(memory_format=torch.contiguous_format) if isinstance(v, torch.Tensor) and _is_view(v) else v)
+                for k, v in per_param.items()
+            }
+    return state_dict
+
+
+def _is_view(t: torch.Tensor) -> bool:
+    return t._base is not None or t.untyped_storage().nbytes() > t.numel() * t.element_size()
+
+
+def _flat_view(t: torch.Tensor, numel: int) -> torch.Tensor:
+    """A 1-D view of ``numel`` elements of t's storage, starting at t's first element."""
+    return t.new_empty(0).set_(t.untyped_storage(), t.storage_offset(), (numel,))
+
+
+def _adjacent(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.dtype == b.dtype
+        and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        and a.storage_offset() + a.numel() == b.storage_offset()
+    )
+
+
+def _dense_contiguous(t: torch.Tensor) -> bool:
+    return t.layout == torch.strided and t.is_contiguous()
+
+
+# ----------------------------------------------------------------------------------------------
+# runs and buckets
+# ----------------------------------------------------------------------------------------------
+
+
+class _Run:
+    """Params [i0, i1) of a bucket, adjacent in every buffer, updated as one flat tensor."""
+
+    __slots__ = ("bucket", "i0", "i1", "numel", "flat_keys", "tensor_keys", "py_keys", "params",
+                 "param_view", "grad_view", "state_views", "scalar_lists", "scalar_views", "step_value")  # fmt: skip
+
+    def __init__(self, bucket: "_Bucket", i0: int, i1: int, sig: tuple, state: dict):
+        self.bucket, self.i0, self.i1 = bucket, i0, i1
+        self.params = bucket.params[i0:i1]
+        self.numel = sum(bucket.numels[i0:i1])
+        self.flat_keys = tuple(k for k, kind, *_ in sig if kind == "flat")
+        self.tensor_keys = tuple(k for k, kind, *_ in sig if kind == "tensor")
+        self.py_keys = tuple(k for k, kind, *_ in sig if kind == "py")
+        p0 = self.params[0]
+        self.param_view = _flat_view(p0, self.numel)
+        self.grad_view = _flat_view(p0.grad, self.numel)
+        st0 = state[p0] if self.flat_keys or self.tensor_keys or self.py_keys else {}
+        self.state_views = {k: _flat_view(st0[k], self.numel) for k in self.flat_keys}
+        self.scalar_lists = {k: [state[p][k] for p in self.params] for k in self.tensor_keys}
+        # scalar state held in the bucket's scalar buffers: one op updates the whole run
+        self.scalar_views = {}
+        for k in self.tensor_keys:
+            homes = bucket.scalar_homes.get(k)
+            if homes is not None and all(map(_is, self.scalar_lists[k], homes[i0:i1])):
+                self.scalar_views[k] = bucket.scalar_bufs[k][i0:i1]
+        step = st0.get("step")
+        self.step_value = float(step.item()) if isinstance(step, torch.Tensor) else None
+
+
+class _Bucket:
+    """The params of one (group, dtype, device), in group order, and their flat buffers."""
+
+    def __init__(self, fs: "_FuseState", params: list[torch.Tensor]):
+        self.fs = fs
+        self.params = params
+        self.numels = [p.numel() for p in params]
+        self.shapes = [p.shape for p in params]
+        self.offsets, total = [], 0
+        for n in self.numels:
+            self.offsets.append(total)
+            total += n
+        self.total = total
+        p0 = params[0]
+        self.dtype, self.device = p0.dtype, p0.device
+        self.state_bufs: dict[str, torch.Tensor] = {}
+        self.state_homes: dict[str, list[torch.Tensor]] = {}
+        # 0-dim tensor state (e.g. "step") as views of one 1-D buffer per key
+        self.scalar_bufs: dict[str, torch.Tensor] = {}
+        self.scalar_homes: dict[str, list[torch.Tensor]] = {}
+        self.grad_was_home = [False] * len(params)
+        self.state_was_home: set[tuple[str, int]] = set()
+        self.flat_param = self.flat_grad = None
+        self.home_params: list[torch.Tensor] = []
+        self.home_grads: list[torch.Tensor] = []
+        if fs.do_flatten:
+            self._flatten()
+        self.dirty = True
+        self.runs: list[_Run] = []
+        self.singles: list[torch.Tensor] = []
+        self._cache: tuple | None = None
+
+    # -- flattening ----------------------------------------------------------------------------
+    def _slice(self, buf: torch.Tensor, i: int) -> torch.Tensor:
+        o = self.offsets[i]
+        return buf[o : o + self.numels[i]].view(self.shapes[i])
+
+    def _flatten(self) -> None:
+        self.flat_param = torch.empty(self.total, dtype=self.dtype, device=self.device)
+        self.flat_grad = torch.zeros(self.total, dtype=self.dtype, device=self.device)
+        self.home_params = [self._slice(self.flat_param, i) for i in range(len(self.params))]
+        self.home_grads = [self._slice(self.flat_grad, i) for i in range(len(self.params))]
+        state = self.fs.opt.state
+        for i, p in enumerate(self.params):
+            self.home_params[i].copy_(p.detach())
+            p.data = self.home_params[i]
+            g = p.grad
+            if g is not None and g.layout == torch.strided and g.shape == p.shape and g.dtype == p.dtype:
+                self.home_grads[i].copy_(g)
+                p.grad = self.home_grads[i]
+                self.grad_was_home[i] = True
+            st = state.get(p)
+            if st:
+                for k, v in list(st.items()):
+                    if self._is_flat_state(p, v):
+                        home = self._state_home(k, i, v.dtype)
+                        if home is not None:
+                            home.copy_(v)
+                            st[k] = home
+                            self.state_was_home.add((k, i))
+                    elif isinstance(v, torch.Tensor) and v.dim() == 0 and not v.requires_grad:
+                        self._scalar_to_home(st, k, i, v)
+
+    def _is_flat_state(self, p: torch.Tensor, v: Any) -> bool:
+        return (
+            isinstance(v, torch.Tensor)
+            and p.numel() > 1
+            and v.shape == p.shape
+            and v.device == p.device
+            and v.layout == torch.strided
+        )
+
+    def _state_home(self, key: str, i: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """The slot of param i in the flat buffer of state ``key`` (created on first use), or None
+        when that buffer has another dtype."""
+        buf = self.state_bufs.get(key)
+        if buf is None:
+            buf = torch.zeros(self.total, dtype=dtype, device=self.device)
+            self.state_bufs[key] = buf
+            self.state_homes[key] = [self._slice(buf, j) for j in range(len(self.params))]
+        elif buf.dtype != dtype:
+            return None
+        return self.state_homes[key][i]
+
+    def _scalar_to_home(self, st: dict, key: str, i: int, v: torch.Tensor) -> None:
+        """Moves 0-dim tensor state (e.g. Adam's step) into the bucket's scalar buffer for ``key``
+        (created on first use) unless that buffer has another dtype or device."""
+        buf = self.scalar_bufs.get(key)
+        if buf is None:
+            buf = torch.zeros(len(self.params), dtype=v.dtype, device=v.device)
+            self.scalar_bufs[key] = buf
+            self.scalar_homes[key] = [buf[j] for j in range(len(self.params))]
+        elif buf.dtype != v.dtype or buf.device != v.device:
+            return
+        home = self.scalar_homes[key][i]
+        if v is not home:
+            home.copy_(v)
+            st[key] = home
+
+    # -- per-step checks -------------------------------------------------------------------------
+    def _snapshot(self, state: dict) -> tuple:
+        ps = self.params
+        sts = [state.get(p) for p in ps]
+        keys = sorted({k for s in sts if s for k in s})
+        return (
+            [p.data_ptr() for p in ps],
+            [p.grad for p in ps],
+            sts,
+            [len(s) if s is not None else -1 for s in sts],
+            {k: [s.get(k) if s is not None else None for s in sts] for k in keys},
+        )
+
+    def unchanged(self, state: dict) -> bool:
+        """Cheap check that nothing moved since the runs were built (identity of grads, state
+        dicts and state values; data pointers of params)."""
+        c = self._cache
+        if self.dirty or c is None:
+            return False
+        ps = self.params
+        if [p.data_ptr() for p in ps] != c[0]:
+            return False
+        if not all(map(_is, [p.grad for p in ps], c[1])):
+            return False
+        sts = [state.get(p) for p in ps]
+        if not all(map(_is, sts, c[2])):
+            return False
+        if [len(s) if s is not None else -1 for s in sts] != c[3]:
+            return False
+        for k, vals in c[4].items():
+            if not all(map(_is, [s.get(k) if s is not None else None for s in sts], vals)):
+                return False
+        return True
+
+    def refresh_key(self, key: str, state: dict) -> None:
+        """Updates the snapshot of one state key after fuse_step assigned new values to it."""
+        if self._cache is not None and key in self._cache[4]:
+            self._cache[4][key] = [s.get(key) if s is not None else None for s in self._cache[2]]
+
+    # -- analysis ------------------------------------------------------------------------------
+    def analyze(self, state: dict) -> None:
+        """Repairs what moved (with do_flatten), then splits the params into runs and singles."""
+        fs = self.fs
+        eligible: list[tuple | None] = []
+        for i, p in enumerate(self.params):
+            eligible.append(self._check_param(i, p, state))
+        self.runs, self.singles = [], []
+        i, n = 0, len(self.params)
+        while i < n:
+            sig = eligible[i]
+            if sig is None:
+                self.singles.append(self.params[i])
+                i += 1
+                continue
+            j = i + 1
+            while j < n and eligible[j] == sig and self._adjacent_params(j - 1, j, sig, state):
+                j += 1
+            if sum(self.numels[i:j]) > 1:
+                self.runs.append(_Run(self, i, j, sig, state))
+            else:
+                self.singles.extend(self.params[i:j])
+            i = j
+        self._cache = self._snapshot(state)
+        self.dirty = False
+        logger.debug("bucket %s/%s: %d runs, %d single params", self.dtype, self.device, len(self.runs),
+                     len(self.singles))  # fmt: skip
+
+    def _adjacent_params(self, a: int, b: int, sig: tuple, state: dict) -> bool:
+        pa, pb = self.params[a], self.params[b]
+        if not (_adjacent(pa, pb) and _adjacent(pa.grad, pb.grad)):
+            return False
+        sa, sb = state.get(pa), state.get(pb)
+        return all(_adjacent(sa[k], sb[k]) for k, kind, *_ in sig if kind == "flat")
+
+    def _check_param(self, i: int, p: torch.Tensor, state: dict) -> tuple | None:
+        """Repairs param i where possible; returns its state signature if it can join a run."""
+        fs = self.fs
+        flatten = fs.do_flatten
+        if not p.is_floating_point() or p.shape != self.shapes[i] or p.dtype != self.dtype or p.device != self.device:
+            return None
+        if flatten and p.data_ptr() != self.home_params[i].data_ptr():
+            fs.warn("param", "a parameter's .data was replaced after fuse_optimizer; it was copied back "
+                    "into the flat buffer")  # fmt: skip
+            self.home_params[i].copy_(p.detach())
+            p.data = self.home_params[i]
+        g = p.grad
+        if g is None:
+            return None  # the optimizer's own step decides (torch skips it)
+        if g.layout != torch.strided:
+            raise ValueError(
+                f"fuse_step: a parameter of shape {tuple(p.shape)} has a {g.layout} (sparse) gradient; flat "
+                f"buffers hold dense gradients only. Use step() for this optimizer, or dense gradients "
+                f"(e.g. nn.Embedding(sparse=False))."
+            )
+        if g.shape != p.shape or g.dtype != p.dtype:
+            return None
+        if flatten and g.data_ptr() != self.home_grads[i].data_ptr():
+            if self.grad_was_home[i]:
+                fs.warn("grad", "a gradient left the flat gradient buffer (replaced, or freed by "
+                        "zero_grad(set_to_none=True) and reallocated by autograd); it is copied back at "
+                        "each fuse_step. Use optimizer.zero_grad(set_to_none=False) to keep it in place.")  # fmt: skip
+            self.home_grads[i].copy_(g)
+            p.grad = self.home_grads[i]
+            self.grad_was_home[i] = True
+        elif not _dense_contiguous(g):
+            return None
+        if not _dense_contiguous(p):
+            return None
+        st = state.get(p)
+        sig = []
+        for k, v in (st.items() if st else ()):
+            if self._is_flat_state(p, v):
+                if flatten:
+                    home = self._state_home(k, i, v.dtype)
+                    if home is None:
+                        return None
+                    if v.data_ptr() != home.data_ptr() or not v.is_contiguous():
+                        if (k, i) in self.state_was_home and not fs.loading:
+                            fs.warn("state", f"optimizer state {k!r} was reallocated outside the flat "
+                                    "buffer; it was copied back")  # fmt: skip
+                        home.copy_(v)
+                        st[k] = home
+                    self.state_was_home.add((k, i))
+                elif not v.is_contiguous():
+                    return None
+                sig.append((k, "flat", st[k].dtype))
+            elif isinstance(v, torch.Tensor):
+                if v.numel() != 1 or v.requires_grad:
+                    return None  # state that is neither per element nor a scalar: update alone
+                if flatten and v.dim() == 0:
+                    self._scalar_to_home(st, k, i, v)
+                    v = st[k]
+                sig.append((k, "tensor", v.dtype, v.device, v.item()))
+            else:
+                try:
+                    hash(v)
+                except TypeError:
+                    return None
+                sig.append((k, "py", v))
+        return tuple(sorted(sig, key=lambda e: e[0]))
+
+    # -- after the optimizer's own step ------------------------------------------------------------
+    def adopt(self, run: _Run, key: str, chunks: list[tuple[int, int, torch.Tensor]], state: dict) -> None:
+        """The optimizer created flat state ``key`` for a run (its first step): copy it into the
+        bucket's buffer (or one new tensor for the run without flattening) and point each
+        parameter's state at its slice."""
+        dtype = chunks[0][2].dtype
+        if self.fs.do_flatten and self._state_home(key, run.i0, dtype) is not None:
+            o = self.offsets[run.i0]
+            target = self.state_bufs[key][o : o + run.numel]
+            homes = self.state_homes[key][run.i0 : run.i1]
+        else:
+            target = torch.empty(run.numel, dtype=dtype, device=self.device)
+            homes, o = [], 0
+            for j in range(run.i0, run.i1):
+                homes.append(target[o : o + self.numels[j]].view(self.shapes[j]))
+                o += self.numels[j]
+        for a, z, t in chunks:
+            target[a:z].copy_(t.view(-1))
+        for j, p in enumerate(run.params):
+            state[p][key] = homes[j]
+            self.state_was_home.add((key, run.i0 + j))
+        self.dirty = True
+
+
+# ----------------------------------------------------------------------------------------------
+# kernel dispatch (CUDA flat buffers of the optimizers that have a single-pass kernel)
+# ----------------------------------------------------------------------------------------------
+
+
+def _scalar(x: Any) -> float | None:
+    if isinstance(x, torch.Tensor):
+        return float(x) if (x.device.type == "cpu" and x.numel() == 1 and not x.requires_grad) else None
+    return float(x)
+
+
+def _run_step_value(run: _Run) -> int | None:
+    step = run.scalar_lists["step"][0]
+    if step.device.type == "cpu":
+        return int(step.item())
+    if run.step_value is None:
+        run.step_value = float(step.item())  # one sync, then tracked on the host
+    return int(run.step_value)
+
+
+def _adam_kernel(opt, group, run: _Run) -> bool:
+    if group.get("differentiable") or getattr(opt, "grad_scale", None) is not None:
+        return False
+    amsgrad = bool(group["amsgrad"])
+    need = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if amsgrad else ())
+    if not all(k in run.state_views for k in need) or run.tensor_keys != ("step",) or run.py_keys:
+        return False
+    lr, b1, b2 = _scalar(group["lr"]), _scalar(group["betas"][0]), _scalar(group["betas"][1])
+    wd = _scalar(group["weight_decay"])
+    if None in (lr, b1, b2, wd):
+        return False
+    step = _run_step_value(run) + 1
+    sv = run.state_views
+    _adam_k.adam_step_triton(
+        run.param_view, run.grad_view, sv["exp_avg"], sv["exp_avg_sq"], sv.get("max_exp_avg_sq"),
+        step=step, lr=lr, beta1=b1, beta2=b2, eps=float(group["eps"]), weight_decay=wd, amsgrad=amsgrad,
+        maximize=bool(group["maximize"]),
+        decoupled_weight_decay=bool(group.get("decoupled_weight_decay", isinstance(opt, torch.optim.AdamW))),
+    )  # fmt: skip
+    if "step" in run.scalar_views:
+        run.scalar_views["step"].add_(1.0)
+    else:
+        torch._foreach_add_(run.scalar_lists["step"], 1.0)
+    if run.step_value is not None:
+        run.step_value += 1.0
+    return True
+
+
+def _sgd_kernel(opt, group, run: _Run) -> bool:
+    momentum = _scalar(group["momentum"])
+    if group.get("differentiable") or run.tensor_keys or run.py_keys or momentum is None:
+        return False
+    if momentum != 0 and "momentum_buffer" not in run.state_views:
+        return False  # the first step creates the buffers: the optimizer's own step does it
+    lr, wd = _scalar(group["lr"]), _scalar(group["weight_decay"])
+    if lr is None or wd is None:
+        return False
+    _sgd_k.sgd_step_triton(
+        run.param_view, run.grad_view, run.state_views.get("momentum_buffer"), lr=lr, momentum=momentum,
+        dampening=float(group["dampening"]), weight_decay=wd, nesterov=bool(group["nesterov"]),
+        maximize=bool(group["maximize"]),
+    )  # fmt: skip
+    return True
+
+
+def _lion_kernel(opt, group, run: _Run) -> bool:
+    if "exp_avg" not in run.state_views or run.tensor_keys or run.py_keys:
+        return False
+    _lion_k.lion_step_triton(
+        run.param_view, run.grad_view, run.state_views["exp_avg"], lr=float(group["lr"]),
+        beta1=float(group["betas"][0]), beta2=float(group["betas"][1]),
+        weight_decay=float(group["weight_decay"]), maximize=bool(group["maximize"]),
+    )  # fmt: skip
+    return True
+
+
+# exact types: a subclass may change the math
+_KERNELS: dict[type, Callable[[torch.optim.Optimizer, dict, _Run], bool]] = {
+    torch.optim.Adam: _adam_kernel,
+    torch.optim.AdamW: _adam_kernel,
+    torch.optim.SGD: _sgd_kernel,
+    Lion: _lion_kernel,
+}
+
+
+def _chunk_bounds(numel: int, chunk: int) -> list[tuple[int, int]]:
+    """[a, z) pieces of at most ``chunk`` elements (a short tail is merged into the piece before,
+    so no piece has a single element and per-element state is never mistaken for a scalar)."""
+    bounds = [(a, min(numel, a + chunk)) for a in range(0, numel, chunk)]
+    if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] < max(2, chunk // 4):
+        bounds[-2:] = [(bounds[-2][0], numel)]
+    return bounds
+
+
+def _kernels_usable(device: torch.device) -> bool:
+    if not _adam_k.HAS_TRITON:
+        return False
+    return device.type == "cuda" or (_KERNELS_ON_CPU and device.type == "cpu")
+
+
+# ----------------------------------------------------------------------------------------------
+# the per-optimizer fuse state
+# ----------------------------------------------------------------------------------------------
+
+
+class _FuseState:
+    def __init__(self, opt: torch.optim.Optimizer, do_flatten: bool, check_flatten: bool):
+        self.opt = opt
+        self.do_flatten = do_flatten
+        self.check_flatten = check_flatten
+        self.groups: list[tuple[list, int, list[_Bucket]]] = []  # (params list, its length, buckets)
+        self.warned: set[str] = set()
+        self.in_step = False
+        self.loading = False
+        self.bucketed: set[int] = set()
+        self.unbucketed: list[torch.Tensor] = []  # e.g. integer or sparse-layout params
+
+    # hooks
+    def on_step(self, opt, args, kwargs) -> None:
+        if not self.in_step:  # an unfused step(): scalar state may have changed in place
+            self._mark_dirty()
+
+    def on_load(self, opt) -> None:
+        self._mark_dirty()
+        self.loading = True  # new state tensors are expected: copy them in without a warning
+
+    def _mark_dirty(self) -> None:
+        for _, _, buckets in self.groups:
+            for b in buckets:
+                b.dirty = True
+
+    def warn(self, kind: str, msg: str, stacklevel: int = 6) -> None:
+        """Warns once per kind; the default stacklevel points at the caller of fuse_step (from
+        _check_param <- analyze <- step <- _fuse_step)."""
+        if self.check_flatten and kind not in self.warned:
+            self.warned.add(kind)
+            warnings.warn(f"bagua fuse_step ({type(self.opt).__name__}): {msg}", FlattenWarning, stacklevel=stacklevel)
+
+    def sync_groups(self, warn: bool = True) -> None:
+        """Builds buckets for new param groups (and for groups whose params list changed)."""
+        pgs = self.opt.param_groups
+        changed = len(self.groups) != len(pgs)
+        for gi, group in enumerate(pgs):
+            params = group["params"]
+            if gi < len(self.groups) and self.groups[gi][0] is params and self.groups[gi][1] == len(params):
+                continue
+            changed = True
+            if warn:
+                self.warn("groups", "param groups changed after fuse_optimizer (e.g. add_param_group); "
+                          "their parameters were flattened now", stacklevel=5)  # fmt: skip
+            by_key: dict[tuple, list] = {}
+            for p in params:
+                if p.is_floating_point() and p.layout == torch.strided:
+                    by_key.setdefault((p.dtype, p.device), []).append(p)
+            buckets = [_Bucket(self, ps) for ps in by_key.values()]
+            entry = (params, len(params), buckets)
+            if gi < len(self.groups):
+                self.groups[gi] = entry
+            else:
+                self.groups.append(entry)
+        if changed:
+            del self.groups[len(pgs) :]
+            self.bucketed = {id(p) for _, _, bs in self.groups for b in bs for p in b.params}
+            self.unbucketed = [p for g in pgs for p in g["params"] if id(p) not in self.bucketed]
+
+    def step(self) -> None:
+        opt = self.opt
+        self.sync_groups()
+        state = opt.state
+        for _, _, buckets in self.groups:
+            for b in buckets:
+                if not b.unchanged(state):
+                    b.analyze(state)
+        self.loading = False
+
+        own_runs: list[tuple[int, _Run]] = []
+        kernel_fn = _KERNELS.get(type(opt))
+        for gi, (_, _, buckets) in enumerate(self.groups):
+            group = opt.param_groups[gi]
+            for b in buckets:
+                use_kernel = kernel_fn is not None and _kernels_usable(b.device)
+                for run in b.runs:
+                    if not (use_kernel and kernel_fn(opt, group, run)):
+                        own_runs.append((gi, run))
+        if own_runs or any(p.grad is not None for _, _, bs in self.groups for b in bs for p in b.singles) \
+                or self._unbucketed_with_grad():  # fmt: skip
+            self._own_step(own_runs)
+        else:
+            opt._opt_called = True  # what LR schedulers check to see that the optimizer stepped
+
+    def _cpu_fused_ok(self, group: dict) -> bool:
+        """Whether this group's CPU flat step can run torch's own fused (single-pass) CPU kernel."""
+        return (
+            type(self.opt) in _CPU_FUSED_TYPES
+            and "fused" in group
+            and not group.get("differentiable", False)
+            and all(p.device.type == "cpu" for p in group["params"])
+        )
+
+    def _unbucketed_with_grad(self) -> bool:
+        return any(p.grad is not None for p in self.unbucketed)
+
+    def _own_step(self, own_runs: list[tuple[int, _Run]]) -> None:
+        """The optimizer's own step() with each run replaced by flat views (chunked on CPU)."""
+        opt, state = self.opt, self.opt.state
+        cpu_fused = [self._cpu_fused_ok(group) for group in opt.param_groups]
+        new_params: list[list[torch.Tensor]] = [[] for _ in opt.param_groups]
+        temps: list[tuple[_Run, list[tuple[int, int, torch.Tensor, dict]]]] = []
+        for gi, run in own_runs:
+            st0 = state.get(run.params[0], {})
+            chunked = run.bucket.device.type == "cpu" and not cpu_fused[gi] and type(opt) not in _CPU_UNCHUNKED_TYPES
+            chunk = CPU_CHUNK_ELEMS if chunked else run.numel
+            pieces = []
+            for a, z in _chunk_bounds(run.numel, chunk):
+                fp = run.param_view[a:z]
+                fp.grad = run.grad_view[a:z]
+                st = {k: v[a:z] for k, v in run.state_views.items()}
+                for k in run.tensor_keys:
+                    st[k] = st0[k].clone()
+                for k in run.py_keys:
+                    st[k] = st0[k]
+                state[fp] = st
+                pieces.append((a, z, fp, st))
+                new_params[gi].append(fp)
+            temps.append((run, pieces))
+        for gi, (_, _, buckets) in enumerate(self.groups):
+            for b in buckets:
+                new_params[gi].extend(b.singles)
+        for gi, group in enumerate(opt.param_groups):
+            new_params[gi].extend(p for p in group["params"] if id(p) not in self.bucketed)
+        saved = [(group["params"], group.get("fused"), group.get("foreach")) for group in opt.param_groups]
+        toggled = [False] * len(saved)
+        self.in_step = True
+        try:
+            for gi, (group, ps) in enumerate(zip(opt.param_groups, new_params)):
+                group["params"] = ps
+                if cpu_fused[gi] and all(p.device.type == "cpu" for p in ps):
+                    group["fused"], group["foreach"] = True, False
+                    toggled[gi] = True
+            opt.step()
+        finally:
+            for gi, (group, (ps, fused, foreach)) in enumerate(zip(opt.param_groups, saved)):
+                group["params"] = ps
+                if toggled[gi]:
+                    group["fused"], group["foreach"] = fused, foreach
+            self.in_step = False
+            for _, pieces in temps:
+                for _, _, fp, _ in pieces:
+                    state.pop(fp, None)
+        for run, pieces in temps:
+            self._write_back(run, pieces, state)
+
+    def _write_back(self, run: _Run, pieces: list, state: dict) -> None:
+        """Copies what the optimizer's step changed on the flat views back to each parameter."""
+        b = run.bucket
+        st_first = pieces[0][3]
+        for k, v in st_first.items():
+            if k in run.state_views:
+                for a, z, _, st in pieces:
+                    if st[k] is not None and st[k].data_ptr() != run.state_views[k][a:z].data_ptr():
+                        run.state_views[k][a:z].copy_(st[k].reshape(-1))  # the step reallocated it
+            elif isinstance(v, torch.Tensor) and all(
+                isinstance(st.get(k), torch.Tensor) and st[k].shape == (z - a,) for a, z, _, st in pieces
+            ):  # new per-element state (pieces have >= 2 elements, so never a scalar)
+                b.adopt(run, k, [(a, z, st[k]) for a, z, _, st in pieces], state)
+            elif isinstance(v, torch.Tensor) and v.numel() == 1:
+                if k in run.scalar_views:
+                    run.scalar_views[k].copy_(v)
+                elif k in run.scalar_lists:
+                    torch._foreach_copy_(run.scalar_lists[k], [v] * len(run.params))
+                else:
+                    for p in run.params:
+                        state[p][k] = v.clone()
+                    b.dirty = True
+                if k == "step":
+                    run.step_value = None
+            elif isinstance(v, torch.Tensor):
+                raise RuntimeError(
+                    f"fuse_step: {type(self.opt).__name__} created state {k!r} of shape {tuple(v.shape)} for a "
+                    f"flat run of {run.numel} elements; only per-element and scalar state can be fused. "
+                    f"Use step() for this optimizer."
+                )
+            elif v is None:
+                if any(k not in state[p] for p in run.params):
+                    for p in run.params:
+                        state[p][k] = None
+                    b.dirty = True
+            else:
+                for p in run.params:
+                    state[p][k] = v
+                if k in run.py_keys:
+                    b.refresh_key(k, state)
+                else:
+                    b.dirty = True

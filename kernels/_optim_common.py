@@ -1,0 +1,142 @@
+"""Shared plumbing of the single-pass optimizer kernels (adam, sgd, lion): Triton import, launch
+over a flat buffer (full blocks unmasked, the tail masked), the round-to-nearest-even store for
+bfloat16 and the cache-sized chunking of the torch references.
+
+Private to ``bagua.kernels``; see :mod:`bagua.kernels.adam` for the public shape of a kernel.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import torch
+
+try:  # Triton is optional (the ``gpu`` extra): the references work without it.
+    import triton
+    import triton.language as tl
+except ImportError as _err:  # pragma: no cover - exercised only where triton is absent
+    triton = None
+    tl = None
+    TRITON_IMPORT_ERROR: ImportError | None = _err
+else:
+    TRITON_IMPORT_ERROR = None
+
+HAS_TRITON = triton is not None
+BLOCK_SIZE = 2048  # elements per program: 16 per thread at 4 warps, 128-bit vector accesses
+NUM_WARPS = 4
+REF_CHUNK_ELEMS = 1 << 16  # reference: 256 KiB of fp32 per operand, the working set stays in L2
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def triton_interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def check_tensors(fn: str, named: dict[str, torch.Tensor | None]) -> int:
+    """Same numel, device, contiguity and a float dtype for every given tensor; returns numel."""
+    numel = device = None
+    for name, t in named.items():
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"{fn}: {name} must be float32, float16 or bfloat16, got {t.dtype}")
+        if not t.is_contiguous():
+            raise ValueError(f"{fn}: {name} must be contiguous, got strides {tuple(t.stride())}")
+        if t.is_sparse:
+            raise ValueError(f"{fn}: {name} is sparse; the kernels update dense tensors only")
+        if numel is None:
+            numel, device = t.numel(), t.device
+        elif t.numel() != numel or t.device != device:
+            raise ValueError(
+                f"{fn}: {name} has {t.numel()} elements on {t.device}, expected {numel} on {device} "
+                f"(all tensors of one update must match)"
+            )
+    return int(numel or 0)
+
+
+def require_triton(t: torch.Tensor, fn: str) -> None:
+    if triton is None:
+        raise RuntimeError(
+            f"{fn} needs Triton, which is not importable ({TRITON_IMPORT_ERROR}); install the gpu "
+            f"extra (pip install 'bagua[gpu]') or use the torch reference ({fn.replace('triton', 'reference')})"
+        )
+    if not t.is_cuda and not triton_interpreting():
+        raise ValueError(
+            f"{fn} runs on CUDA tensors (or on CPU under TRITON_INTERPRET=1), got a tensor on "
+            f"{t.device}; call the dispatching function, which sends CPU tensors to the torch reference"
+        )
+
+
+def launches(numel: int, block: int = BLOCK_SIZE) -> Iterator[tuple[int, int, bool]]:
+    """(grid, first element, MASKED): the full blocks unmasked (vectorized whatever numel is),
+    then the partial tail block masked."""
+    nfull, tail = divmod(numel, block)
+    if nfull:
+        yield nfull, 0, False
+    if tail:
+        yield 1, nfull * block, True
+
+
+class device_guard:
+    """Makes t's CUDA device current for a launch (a no-op for CPU tensors / the interpreter)."""
+
+    def __init__(self, t: torch.Tensor):
+        self._ctx = torch.cuda.device(t.device) if t.is_cuda else None
+
+    def __enter__(self):
+        if self._ctx is not None:
+            self._ctx.__enter__()
+
+    def __exit__(self, *exc):
+        if self._ctx is not None:
+            return self._ctx.__exit__(*exc)
+        return False
+
+
+def ref_chunks(numel: int, chunk: int | None = None) -> Iterator[slice]:
+    """Cache-sized slices covering [0, numel): each multi-pass reference op then re-reads data
+    that is still in cache instead of streaming the whole buffer from memory once per op."""
+    step = chunk or REF_CHUNK_ELEMS
+    for s in range(0, numel, step):
+        yield slice(s, min(numel, s + step))
+
+
+def as_f32(t: torch.Tensor) -> torch.Tensor:
+    """t itself when float32 (then updated in place), else a float32 copy."""
+    return t if t.dtype == torch.float32 else t.float()
+
+
+def write_back(dst: torch.Tensor, val: torch.Tensor) -> None:
+    """Stores the float32 result into dst (rounded to nearest even) unless it already is dst."""
+    if val.data_ptr() != dst.data_ptr() or val.dtype != dst.dtype:
+        dst.copy_(val)
+
+
+if triton is not None:
+
+    @triton.jit
+    def store_rne(ptrs, x, mask, MASKED: tl.constexpr):
+        """Stores float32 x at ptrs, converting to the pointee type with round to nearest even
+        (Triton's interpreter truncates float32 -> bfloat16; this matches torch on every path)."""
+        if ptrs.dtype.element_ty == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16
+            bits = tl.where(x != x, 0x7FC0, bits)
+            y = bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        else:
+            y = x.to(ptrs.dtype.element_ty)
+        if MASKED:
+            tl.store(ptrs, y, mask=mask)
+        else:
+            tl.store(ptrs, y)
+
+    @triton.jit
+    def load_f32(ptrs, mask, MASKED: tl.constexpr):
+        if MASKED:
+            return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+        return tl.load(ptrs).to(tl.float32)
+else:  # pragma: no cover
+    store_rne = load_f32 = None
