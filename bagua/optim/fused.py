@@ -37,6 +37,7 @@ import warnings
 from typing import Any, Callable
 
 import torch
+import torch.optim.optimizer as _optimizer_hooks
 
 from bagua.kernels import adam as _adam_k
 from bagua.kernels import lion as _lion_k
@@ -169,9 +170,27 @@ def _fuse_step(self: torch.optim.Optimizer, closure: Callable[[], Any] | None = 
     if closure is not None:
         with torch.enable_grad():
             loss = closure()
+    fs = getattr(self, _ATTR)
+    # The step hooks of the optimizer (e.g. bagua.DistributedDataParallel's) run once around the
+    # whole fused step, as around step(); the optimizer's own step inside runs without them.
+    for pre_hook in (*_optimizer_hooks._global_optimizer_pre_hooks.values(), *self._optimizer_step_pre_hooks.values()):
+        pre_hook(self, (), {})
     with torch.no_grad():
-        getattr(self, _ATTR).step()
+        fs.step()
+    self._opt_called = True  # what LR schedulers check to see that the optimizer stepped
+    fs.in_step = True  # our own post hook must not take this for an unfused step()
+    try:
+        for post_hook in (*self._optimizer_step_post_hooks.values(), *_optimizer_hooks._global_optimizer_post_hooks.values()):
+            post_hook(self, (), {})
+    finally:
+        fs.in_step = False
     return loss
+
+
+def _step_without_hooks(optimizer: torch.optim.Optimizer) -> None:
+    """The optimizer's own ``step()`` without the step hooks torch wraps around it."""
+    step = type(optimizer).step
+    getattr(step, "__wrapped__", step)(optimizer)
 
 
 def _unview_state_dict(optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:
@@ -693,8 +712,6 @@ class _FuseState:
         if own_runs or any(p.grad is not None for _, _, bs in self.groups for b in bs for p in b.singles) \
                 or self._unbucketed_with_grad():  # fmt: skip
             self._own_step(own_runs)
-        else:
-            opt._opt_called = True  # what LR schedulers check to see that the optimizer stepped
 
     def _cpu_fused_ok(self, group: dict) -> bool:
         """Whether this group's CPU flat step can run torch's own fused (single-pass) CPU kernel."""
@@ -745,7 +762,7 @@ class _FuseState:
                 if cpu_fused[gi] and all(p.device.type == "cpu" for p in ps):
                     group["fused"], group["foreach"] = True, False
                     toggled[gi] = True
-            opt.step()
+            _step_without_hooks(opt)
         finally:
             for gi, (group, (ps, fused, foreach)) in enumerate(zip(opt.param_groups, saved)):
                 group["params"] = ps
