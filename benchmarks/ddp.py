@@ -162,7 +162,8 @@ def make_batches(dims: Sequence[int], batch: int, count: int, rank: int, device:
 class Variant:
     """One model copy wrapped one way; ``step(x, y)`` runs one training step."""
 
-    def __init__(self, name: str, dims: Sequence[int], warmup: int, async_interval_ms: int, device: str = "cpu"):
+    def __init__(self, name: str, dims: Sequence[int], warmup: int, async_interval_ms: int, device: str = "cpu",
+                 qadam_eps: float = 1e-8):
         import torch
         from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
@@ -173,7 +174,8 @@ class Variant:
         self.algo = None
         model = make_model(dims).to(device)
         if name == "qadam":
-            self.opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=max(1, warmup))
+            self.opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=max(1, warmup),
+                                                  eps=qadam_eps)
         else:
             self.opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         if self.is_torch:
@@ -266,7 +268,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
     variants: list[Variant] = []
     for name in args.variants:
-        variants.append(Variant(name, dims, args.warmup, args.async_interval_ms))
+        variants.append(Variant(name, dims, args.warmup, args.async_interval_ms, qadam_eps=args.qadam_eps))
     log(f"built {len(variants)} variants of a {mlp_params(dims) / 1e6:.2f}M-parameter MLP {args.mlp}")
     batches = make_batches(dims, args.batch, args.num_batches, rank)
     cursor = [0]
@@ -276,12 +278,32 @@ def run_worker(args: argparse.Namespace) -> int:
         cursor[0] += 1
         return b
 
+    diverged: dict[str, str] = {}
+
+    def guarded_steps(v: Variant, k: int, times: Optional[list[float]]) -> bool:
+        """Run k steps; False if the variant diverged. bagua's compressed allreduce raises the same
+        ValueError on every rank when any input holds NaN/Inf, so all ranks drop it together."""
+        try:
+            for _ in range(k):
+                x, y = next_batch()
+                ts = time.perf_counter()
+                v.step(x, y)
+                if times is not None:
+                    times.append(time.perf_counter() - ts)
+        except ValueError as e:
+            if "NaN or Inf" not in str(e):
+                raise
+            diverged[v.name] = f"NaN/Inf at its step {getattr(v.model, 'step', '?')}: {str(e).splitlines()[0][:160]}"
+            log(f"{v.name} DIVERGED: {diverged[v.name]}")
+            return False
+        return True
+
     # warm-up: every variant, untimed (also passes qadam's Adam warm-up)
     for v in variants:
         v.begin_block()
-        for _ in range(args.warmup):
-            v.step(*next_batch())
-        v.end_block()
+        guarded_steps(v, args.warmup, None)
+        if v.name not in diverged:
+            v.end_block()
         dist.barrier()
     log(f"warm-up done: {args.warmup} step(s) per variant")
 
@@ -293,16 +315,16 @@ def run_worker(args: argparse.Namespace) -> int:
     for r in range(args.reps):
         for j in range(n):
             v = variants[(r + j) % n]
+            if v.name in diverged:
+                continue
             v.begin_block()
             dist.barrier()
             b0 = bagua.comm.bytes_sent()
             w0 = tx_bytes() if tx_bytes else 0
             t0 = time.perf_counter()
-            for _ in range(args.block):
-                x, y = next_batch()
-                ts = time.perf_counter()
-                v.step(x, y)
-                step_t[v.name].append(time.perf_counter() - ts)
+            if not guarded_steps(v, args.block, step_t[v.name]):
+                dist.barrier()
+                continue
             block_t[v.name].append(time.perf_counter() - t0)
             sent[v.name].append((bagua.comm.bytes_sent() - b0) / args.block)
             if tx_bytes:
@@ -313,7 +335,8 @@ def run_worker(args: argparse.Namespace) -> int:
 
     # per rank: median, p25, p75 step; epoch (sum of blocks); bytes; then max over ranks
     local: list[float] = []
-    for v in variants:
+    alive = [v for v in variants if v.name not in diverged and block_t[v.name]]
+    for v in alive:
         s = step_t[v.name]
         local += [statistics.median(s), _quantile(s, 0.25), _quantile(s, 0.75), sum(block_t[v.name]),
                   statistics.median(sent[v.name]),
@@ -325,7 +348,7 @@ def run_worker(args: argparse.Namespace) -> int:
     agg = agg.tolist()
     # paired per-repetition block ratios (rank 0's blocks; all ranks are synchronous for these)
     rows: dict[str, Any] = {}
-    for i, v in enumerate(variants):
+    for i, v in enumerate(alive):
         med, p25, p75, epoch, b, w, last = agg[K * i: K * i + K]
         rows[v.name] = {
             "step_s": med, "p25_s": p25, "p75_s": p75, "epoch_s": epoch,
@@ -338,14 +361,16 @@ def run_worker(args: argparse.Namespace) -> int:
             "grad_bytes": v.grad_bytes,
         }
     for v in variants:
-        v.close()
+        if v.name not in diverged:
+            v.close()
     if rank == 0:
         job = {
             "setting": args.setting, "link": args.link, "rate": args.rate, "world": world,
             "backend": str(dist.get_backend()), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "mlp": args.mlp, "params": mlp_params(dims), "batch": args.batch, "block": args.block,
             "reps": args.reps, "warmup": args.warmup, "async_interval_ms": args.async_interval_ms,
-            "elapsed_s": time.monotonic() - t_start, "variants": rows,
+            "elapsed_s": time.monotonic() - t_start, "variants": rows, "diverged": diverged,
+            "qadam_eps": args.qadam_eps,
         }
         print(format_job(job), flush=True)
         print(JSON_TAG + json.dumps(job), flush=True)
@@ -462,6 +487,8 @@ def format_job(job: dict[str, Any]) -> str:
             f"{r['step_s'] / ref if ref else float('nan'):>6.3f} {r['epoch_s']:>8.2f} "
             f"{ref_e / r['epoch_s'] if ref_e else float('nan'):>7.2f}x {sent:>11} {fmt_bytes(r['wire_per_step']):>11}"
         )
+    for name, why in job.get("diverged", {}).items():
+        lines.append(f"{name:<28} DIVERGED, no timing: {why}")
     lines.append("(* torch DDP: ring formula 2(n-1)/n x gradient bytes, not measured by bagua; "
                  "epoch = sum of the timed blocks)")
     return "\n".join(lines)
@@ -589,6 +616,7 @@ def _worker_args(setting: str, link: str, rate: Optional[str], mlp: str, batch: 
     out = [str(Path(__file__).resolve()), "--worker", "--setting", setting, "--link", link, "--mlp", mlp,
            "--batch", str(batch), "--reps", str(reps), "--block", str(block), "--warmup", str(warmup),
            "--threads", str(args.threads), "--async-interval-ms", str(args.async_interval_ms),
+           "--qadam-eps", str(args.qadam_eps),
            "--variants", *variants]
     if rate:
         out += ["--rate", rate]
@@ -741,6 +769,8 @@ def _parser() -> argparse.ArgumentParser:
     # common
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1: 2 ranks on 2 cores)")
     p.add_argument("--async-interval-ms", type=int, default=500, help="async sync_interval_ms (default 500, bagua's default)")
+    p.add_argument("--qadam-eps", type=float, default=1e-3,
+                   help="QAdamOptimizer eps (default 1e-3; bagua's default 1e-8 diverges here, see results/ddp.md)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per job (default 900)")
     p.add_argument("--out", default=None, help="write all results as JSON here")
     p.add_argument("--plot", default=str(DEFAULT_PLOT), help=f"plot path (default {DEFAULT_PLOT.relative_to(ROOT)})")
