@@ -256,6 +256,14 @@ def run_worker(args: argparse.Namespace) -> int:
     import bagua
 
     torch.set_num_threads(args.threads)
+    cc_path = Path("/proc/sys/net/ipv4/tcp_congestion_control")
+    if args.tcp_cc:
+        if args.link != "netns":  # on loopback this would change the host's setting
+            raise SystemExit("--tcp-cc is only for the network settings (one namespace per rank)")
+        cc_path.write_text(args.tcp_cc)  # this rank's network namespace only; before Gloo connects
+    tcp_cc = cc_path.read_text().strip() if cc_path.exists() else "?"
+    if args.tcp_cc and tcp_cc != args.tcp_cc:
+        raise SystemExit(f"--tcp-cc {args.tcp_cc}: the namespace still uses {tcp_cc} (not allowed there?)")
     bagua.init_process_group()
     rank, world = bagua.get_rank(), bagua.get_world_size()
     dims = parse_mlp(args.mlp)
@@ -367,6 +375,7 @@ def run_worker(args: argparse.Namespace) -> int:
         job = {
             "setting": args.setting, "link": args.link, "rate": args.rate, "world": world,
             "backend": str(dist.get_backend()), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "tcp_cc": tcp_cc,
             "mlp": args.mlp, "params": mlp_params(dims), "batch": args.batch, "block": args.block,
             "reps": args.reps, "warmup": args.warmup, "async_interval_ms": args.async_interval_ms,
             "elapsed_s": time.monotonic() - t_start, "variants": rows, "diverged": diverged,
@@ -469,6 +478,7 @@ def fmt_bytes(n: Optional[float]) -> str:
 
 def _title(job: dict[str, Any]) -> str:
     how = "torchrun, Gloo over lo" if job["link"] == "loopback" else f"netns.py, tbf {job['rate']} per veth"
+    how += f", TCP {job.get('tcp_cc', '?')}"
     return (f"{job['setting']}: {job['world']} ranks ({how}), MLP {job['mlp']} = {job['params'] / 1e6:.2f}M params, "
             f"batch {job['batch']}/rank, {job['reps']}x{job['block']} timed steps/variant, {job['threads']} thread(s)/rank")
 
@@ -535,6 +545,10 @@ def key_summary(jobs: list[dict[str, Any]], gpu: Optional[dict[str, Any]]) -> tu
             lines.append(f"  {j['setting']} x{j['world']}: DDP fp32 / bytegrad epoch time {sp:.2f}x; "
                          f"DDP fp32 / DDP fp16 {vs['ddp']['epoch_s'] / vs['ddp-fp16']['epoch_s']:.2f}x"
                          if "ddp-fp16" in vs else f"  {j['setting']}: DDP/bytegrad {sp:.2f}x")
+            if j["rate"] == "100mbit" and j["world"] == 2:
+                key[f"bytegrad_speedup_{j['setting']}"] = sp
+                if j["setting"] != "100mbit":
+                    parts.append(f"{j['setting']} (TCP {j.get('tcp_cc')}) DDP fp32/bytegrad epoch {sp:.2f}x")
             if j["setting"] == "100mbit" and j["world"] == 2:
                 key["bytegrad_speedup_100mbit"] = sp
                 ok = "met" if sp >= 3.0 else "NOT met"
@@ -570,7 +584,7 @@ def plot(jobs: list[dict[str, Any]], path: Path) -> None:
     net = [j for j in jobs if j["link"] == "netns"]
     if not net:
         return
-    net.sort(key=lambda j: (j["world"], -(j.get("rate_bit") or 0)))
+    net.sort(key=lambda j: (j["world"], -(j.get("rate_bit") or 0), j["setting"]))
     names = [n for n in NETWORK_VARIANTS if any(n in j["variants"] for j in net)]
     fig, ax = plt.subplots(figsize=(max(7, 2.6 * len(net) + 2), 4.8))
     width = 0.8 / len(names)
@@ -584,7 +598,7 @@ def plot(jobs: list[dict[str, Any]], path: Path) -> None:
         for b, y in zip(bars, ys):
             ax.text(b.get_x() + b.get_width() / 2, y, f"{y:.0f}" if y >= 10 else f"{y:.1f}",
                     ha="center", va="bottom", fontsize=6)
-    ax.set_xticks(range(len(net)), [f"{j['rate']}, {j['world']} ranks" for j in net])
+    ax.set_xticks(range(len(net)), [f"{j['rate']}, {j['world']} ranks, TCP {j.get('tcp_cc', '?')}" for j in net])
     ax.set_ylabel(f"epoch time, s ({net[0]['reps'] * net[0]['block']} steps)")
     ax.set_yscale("log")
     ax.set_title(f"Epoch time per algorithm vs bandwidth: MLP {net[0]['params'] / 1e6:.1f}M params, "
@@ -620,6 +634,8 @@ def _worker_args(setting: str, link: str, rate: Optional[str], mlp: str, batch: 
            "--variants", *variants]
     if rate:
         out += ["--rate", rate]
+        if args.tcp_cc:
+            out += ["--tcp-cc", args.tcp_cc]
     return out
 
 
@@ -684,15 +700,16 @@ def run_driver(args: argparse.Namespace) -> int:
         else:
             for world in args.netns_ranks:
                 for rate in args.rates:
+                    setting = f"{rate}-{args.tcp_cc}" if args.tcp_cc else rate
                     cmd = [py, str(HERE / "netns.py"), "--ranks", str(world), "--rate", rate,
                            "--timeout", str(args.timeout), "--", py,
-                           *_worker_args(rate, "netns", rate, args.net_mlp, args.net_batch, args.net_reps,
+                           *_worker_args(setting, "netns", rate, args.net_mlp, args.net_batch, args.net_reps,
                                          args.net_block, args.net_warmup,
                                          args.net_variants or NETWORK_VARIANTS, args)]
-                    print(f"\n### {rate} x{world} ({time.monotonic() - t0:.0f}s elapsed)", flush=True)
+                    print(f"\n### {setting} x{world} ({time.monotonic() - t0:.0f}s elapsed)", flush=True)
                     job = _run_job(cmd, args.timeout + 60)
                     if job is None:
-                        failed.append(f"{rate} x{world}")
+                        failed.append(f"{setting} x{world}")
                         continue
                     job["rate_bit"] = netns.parse_rate(rate)
                     jobs.append(job)
@@ -769,6 +786,9 @@ def _parser() -> argparse.ArgumentParser:
     # common
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1: 2 ranks on 2 cores)")
     p.add_argument("--async-interval-ms", type=int, default=500, help="async sync_interval_ms (default 500, bagua's default)")
+    p.add_argument("--tcp-cc", default=None, metavar="NAME",
+                   help="network settings only: TCP congestion control inside the ranks' namespaces (e.g. "
+                        "reno); default: the system's (bbr here). See results/ddp.md")
     p.add_argument("--qadam-eps", type=float, default=1e-3,
                    help="QAdamOptimizer eps (default 1e-3; bagua's default 1e-8 diverges here, see results/ddp.md)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per job (default 900)")
