@@ -586,7 +586,7 @@ def plot(jobs: list[dict[str, Any]], path: Path) -> None:
         return
     net.sort(key=lambda j: (j["world"], -(j.get("rate_bit") or 0), j["setting"]))
     names = [n for n in NETWORK_VARIANTS if any(n in j["variants"] for j in net)]
-    fig, ax = plt.subplots(figsize=(max(7, 2.6 * len(net) + 2), 4.8))
+    fig, ax = plt.subplots(figsize=(max(8, 2.8 * len(net) + 2), 5.6))
     width = 0.8 / len(names)
     for i, name in enumerate(names):
         xs, ys = [], []
@@ -601,10 +601,10 @@ def plot(jobs: list[dict[str, Any]], path: Path) -> None:
     ax.set_xticks(range(len(net)), [f"{j['rate']}, {j['world']} ranks, TCP {j.get('tcp_cc', '?')}" for j in net])
     ax.set_ylabel(f"epoch time, s ({net[0]['reps'] * net[0]['block']} steps)")
     ax.set_yscale("log")
-    ax.set_title(f"Epoch time per algorithm vs bandwidth: MLP {net[0]['params'] / 1e6:.1f}M params, "
-                 f"Gloo on CPU, tbf-capped links (lower is better)", fontsize=10)
+    ax.set_title(f"Epoch time per algorithm vs bandwidth (lower is better)\nMLP {net[0]['params'] / 1e6:.1f}M "
+                 f"params, batch {net[0]['batch']}/rank, Gloo on CPU, tbf-capped veth per rank", fontsize=10)
     ax.grid(True, axis="y", which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=2, loc="upper left")
+    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.1))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
