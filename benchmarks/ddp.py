@@ -17,7 +17,7 @@ bytegrad              bagua, MinMaxUInt8-compressed gradient allreduce
 decentralized         bagua, weights averaged with all peers (peer_selection_mode="all")
 low_precision_decentralized  bagua, ring, 8-bit compressed weight differences
 async                 bagua, background model averaging (sync_interval_ms, warmup_steps=0)
-qadam                 bagua, ``QAdamAlgorithm(QAdamOptimizer(lr=1e-3, warmup_steps=<warm-up>))``
+qadam                 bagua, ``QAdamAlgorithm(QAdamOptimizer(lr=1e-3, warmup_steps=<warm-up>, eps=--qadam-eps))``
 ====================  ========================================================================
 
 Measured per variant: the median step time over all timed steps (each rank's median, then the max
@@ -47,7 +47,7 @@ Settings (the driver, the default mode, launches one worker job per setting):
 
 Usage::
 
-    python benchmarks/ddp.py                                   # everything, ~8-12 min on 2 cores
+    python benchmarks/ddp.py                                   # everything, ~11.5 min on 2 shared cores
     python benchmarks/ddp.py --parts loopback                  # step time on loopback only, ~1-2 min
     python benchmarks/ddp.py --parts network --rates 100mbit   # one bandwidth
     python benchmarks/ddp.py --parts gpu                       # the CUDA wrapper-overhead part
