@@ -1,0 +1,838 @@
+#!/usr/bin/env python3
+"""Data-parallel training step time: torch DDP vs bagua.DistributedDataParallel, every algorithm.
+
+Every rank builds one copy of the same MLP per variant (same seed, same per-rank data, SGD with
+momentum 0.9, qadam excepted: it needs its QAdamOptimizer) and times training steps
+(``zero_grad; forward; cross-entropy; backward; step``) of the variants interleaved: each
+repetition runs a block of ``--block`` steps of every variant, the order rotated from one
+repetition to the next (A B C ..., then B C ... A) so that drifts in machine load hit them alike.
+
+====================  ========================================================================
+ddp                   ``torch.nn.parallel.DistributedDataParallel`` (bucket_cap_mb=25, default)
+ddp-10MB              the same with bucket_cap_mb=10 (bagua's default bucket size)
+ddp-fp16              torch DDP + ``default_hooks.fp16_compress_hook``
+gradient_allreduce    ``bagua.DistributedDataParallel(..., algorithm="gradient_allreduce")``
+gradient_allreduce-25MB  the same with ``bucket_size_bytes=25 MiB`` (torch DDP's default)
+bytegrad              bagua, MinMaxUInt8-compressed gradient allreduce
+decentralized         bagua, weights averaged with all peers (peer_selection_mode="all")
+low_precision_decentralized  bagua, ring, 8-bit compressed weight differences
+async                 bagua, background model averaging (sync_interval_ms, warmup_steps=0)
+qadam                 bagua, ``QAdamAlgorithm(QAdamOptimizer(lr=1e-3, warmup_steps=<warm-up>, eps=--qadam-eps))``
+====================  ========================================================================
+
+Measured per variant: the median step time over all timed steps (each rank's median, then the max
+over ranks), the "epoch" time (the sum of the timed blocks, i.e. ``--reps * --block`` steps; max
+over ranks), and the bytes sent per step. For bagua that is ``bagua.comm.bytes_sent()``'s delta
+over a block / steps (it matches ``ddp.bytes_sent_last_step`` for the synchronous algorithms and
+also counts async's background thread); torch DDP is invisible to bagua's counter, so its row
+shows the ring formula ``2 (n-1)/n * gradient bytes`` (fp16 hook: half that), marked ``*``. In
+the network settings every rank has its own interface and "wire B/step" is what left it
+(``/sys/class/net/veth0/statistics/tx_bytes``, TCP/IP headers included), for every variant.
+
+async: its background thread is resumed (``algo.resume(ddp)``) before each of its blocks and
+stopped with ``algo.abort(ddp)`` (which also averages the weights once) after it, outside the
+timed region, so it never runs during the other variants' blocks. Its step time is the time of
+the training loop, which never waits for the averaging; that is what async buys.
+
+Settings (the driver, the default mode, launches one worker job per setting):
+
+- loopback: 2 ranks, ``torchrun --standalone``, Gloo over ``lo``; a ~4.2M-parameter MLP
+  (1024-1024x4-10, 16.8 MB of fp32 gradients), batch 64 per rank; all ten variants;
+- network: 2 ranks under ``benchmarks/netns.py`` (each rank in its own network namespace behind
+  a tbf-capped veth), at 1gbit and 100mbit; a ~10.0M-parameter MLP (1024-1664x4-10, 40 MB);
+  the eight variants without the bucket sweep; an "epoch" is 20 steps (2 blocks of 10);
+- gpu: one rank, NCCL, CUDA: plain model vs torch DDP vs bagua gradient_allreduce (the wrapper's
+  overhead; with one rank bagua skips the collective, torch DDP still calls NCCL). Skipped with
+  a message when CUDA is not available.
+
+Usage::
+
+    python benchmarks/ddp.py                                   # everything, ~11.5 min on 2 shared cores
+    python benchmarks/ddp.py --parts loopback                  # step time on loopback only, ~1-2 min
+    python benchmarks/ddp.py --parts network --rates 100mbit   # one bandwidth
+    python benchmarks/ddp.py --parts gpu                       # the CUDA wrapper-overhead part
+    python benchmarks/ddp.py --from-json .bench/ddp.json       # rebuild tables and plot
+    torchrun --standalone --nproc-per-node 2 benchmarks/ddp.py --worker   # one job by hand
+
+The last line printed is the key ratios: bagua gradient_allreduce / torch DDP median step time
+on loopback with both at their default bucket sizes (target <= 1.02), and at 100mbit the epoch
+time of torch DDP fp32 / bytegrad (target >= 3x). Results: benchmarks/results/ddp.md; the plot of
+epoch time per algorithm per bandwidth: benchmarks/figures/ddp_network.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+logger = logging.getLogger("benchmarks.ddp")
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+JSON_TAG = "@@bagua-ddp-bench@@ "  # workers print one line "<tag><json>" per job on rank 0
+DEFAULT_PLOT = HERE / "figures" / "ddp_network.png"
+MIB = 1 << 20
+
+ALL_VARIANTS = (
+    "ddp", "ddp-10MB", "ddp-fp16", "gradient_allreduce", "gradient_allreduce-25MB", "bytegrad",
+    "decentralized", "low_precision_decentralized", "async", "qadam",
+)
+NETWORK_VARIANTS = (
+    "ddp", "ddp-fp16", "gradient_allreduce", "bytegrad", "decentralized",
+    "low_precision_decentralized", "async", "qadam",
+)
+LABELS = {
+    "ddp": "torch DDP fp32",
+    "ddp-10MB": "torch DDP fp32, 10MB buckets",
+    "ddp-fp16": "torch DDP fp16 hook",
+    "gradient_allreduce": "bagua gradient_allreduce",
+    "gradient_allreduce-25MB": "bagua gradient_allreduce, 25MB buckets",
+    "bytegrad": "bagua bytegrad",
+    "decentralized": "bagua decentralized",
+    "low_precision_decentralized": "bagua low_precision_decentralized",
+    "async": "bagua async",
+    "qadam": "bagua qadam (Adam)",
+}
+
+
+# --------------------------------------------------------------------------------------------
+# model and data
+# --------------------------------------------------------------------------------------------
+
+
+def parse_mlp(spec: str) -> list[int]:
+    """``"1024-1664x4-10"`` -> [1024, 1664, 1664, 1664, 1664, 10] (layer widths)."""
+    dims: list[int] = []
+    try:
+        for part in spec.split("-"):
+            if "x" in part:
+                w, n = part.split("x")
+                dims += [int(w)] * int(n)
+            else:
+                dims.append(int(part))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"MLP spec must look like 1024-1664x4-10, got {spec!r}") from None
+    if len(dims) < 2 or min(dims) < 1:
+        raise argparse.ArgumentTypeError(f"MLP spec needs >= 2 positive widths, got {spec!r}")
+    return dims
+
+
+def mlp_params(dims: Sequence[int]) -> int:
+    return sum(a * b + b for a, b in zip(dims[:-1], dims[1:]))
+
+
+def make_model(dims: Sequence[int], seed: int = 0):
+    import torch
+
+    torch.manual_seed(seed)
+    layers: list[torch.nn.Module] = []
+    for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+        layers.append(torch.nn.Linear(a, b))
+        if i < len(dims) - 2:
+            layers.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*layers)
+
+
+def make_batches(dims: Sequence[int], batch: int, count: int, rank: int, device: str = "cpu"):
+    import torch
+
+    g = torch.Generator().manual_seed(1000 + rank)
+    out = []
+    for _ in range(count):
+        x = torch.randn(batch, dims[0], generator=g)
+        y = torch.randint(0, dims[-1], (batch,), generator=g)
+        out.append((x.to(device), y.to(device)))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# variants
+# --------------------------------------------------------------------------------------------
+
+
+class Variant:
+    """One model copy wrapped one way; ``step(x, y)`` runs one training step."""
+
+    def __init__(self, name: str, dims: Sequence[int], warmup: int, async_interval_ms: int, device: str = "cpu",
+                 qadam_eps: float = 1e-8):
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+        import bagua
+
+        self.name = name
+        self.is_torch = name.startswith("ddp")
+        self.algo = None
+        model = make_model(dims).to(device)
+        if name == "qadam":
+            self.opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=max(1, warmup),
+                                                  eps=qadam_eps)
+        else:
+            self.opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        if self.is_torch:
+            cap = 10 if name == "ddp-10MB" else 25
+            kw = {"device_ids": [torch.cuda.current_device()]} if device == "cuda" else {}
+            self.model = TorchDDP(model, bucket_cap_mb=cap, **kw)
+            if name == "ddp-fp16":
+                from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+                self.model.register_comm_hook(state=None, hook=default_hooks.fp16_compress_hook)
+        else:
+            base = name.split("-25MB")[0]
+            if base == "qadam":
+                algo = bagua.algorithms.QAdamAlgorithm(self.opt)
+            elif base == "async":
+                algo = bagua.algorithms.AsyncModelAverageAlgorithm(
+                    sync_interval_ms=async_interval_ms, warmup_steps=0)
+            else:
+                algo = bagua.algorithms.Algorithm.init(base)
+            self.algo = algo
+            size = 25 * MIB if name.endswith("-25MB") else bagua.parallel.ddp.DEFAULT_BUCKET_SIZE_BYTES
+            self.model = bagua.DistributedDataParallel(model, [self.opt], algorithm=algo, bucket_size_bytes=size)
+        self.grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        self.last_step_bytes: list[int] = []
+        self._async_running = False
+
+    def step(self, x, y) -> None:
+        import torch.nn.functional as F
+
+        self.opt.zero_grad(set_to_none=True)
+        out = self.model(x)
+        if not self.is_torch:
+            self.last_step_bytes.append(self.model.bytes_sent_last_step)
+        loss = F.cross_entropy(out, y)
+        loss.backward()
+        self.opt.step()
+
+    def begin_block(self) -> None:
+        if self.name == "async" and not self._async_running and self.model.step > 0:
+            self.algo.resume(self.model)
+        self._async_running = self.name == "async"
+
+    def end_block(self) -> None:
+        if self.name == "async" and self._async_running:
+            self.algo.abort(self.model)  # every rank; also averages the weights once
+            self._async_running = False
+
+    def close(self) -> None:
+        self.end_block()
+        if not self.is_torch:
+            self.model.close()
+
+
+def _tx_bytes_reader():
+    """This rank's interface tx byte count, only where the interface is this rank's alone
+    (under netns.py: GLOO_SOCKET_IFNAME set, one rank per namespace)."""
+    ifname = os.environ.get("GLOO_SOCKET_IFNAME")
+    if not ifname or os.environ.get("LOCAL_WORLD_SIZE") != "1":
+        return None
+    path = Path("/sys/class/net") / ifname / "statistics" / "tx_bytes"
+    if not path.exists():
+        return None
+    return lambda: int(path.read_text())
+
+
+def _quantile(vals: Sequence[float], q: float) -> float:
+    s = sorted(vals)
+    pos = q * (len(s) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    import torch
+    import torch.distributed as dist
+
+    import bagua
+
+    torch.set_num_threads(args.threads)
+    cc_path = Path("/proc/sys/net/ipv4/tcp_congestion_control")
+    if args.tcp_cc:
+        if args.link != "netns":  # on loopback this would change the host's setting
+            raise SystemExit("--tcp-cc is only for the network settings (one namespace per rank)")
+        cc_path.write_text(args.tcp_cc)  # this rank's network namespace only; before Gloo connects
+    tcp_cc = cc_path.read_text().strip() if cc_path.exists() else "?"
+    if args.tcp_cc and tcp_cc != args.tcp_cc:
+        raise SystemExit(f"--tcp-cc {args.tcp_cc}: the namespace still uses {tcp_cc} (not allowed there?)")
+    bagua.init_process_group()
+    rank, world = bagua.get_rank(), bagua.get_world_size()
+    dims = parse_mlp(args.mlp)
+    tx_bytes = _tx_bytes_reader()
+    t_start = time.monotonic()
+
+    def log(msg: str) -> None:
+        if rank == 0:
+            print(f"[{args.setting}] {msg} ({time.monotonic() - t_start:.0f}s)", flush=True)
+
+    variants: list[Variant] = []
+    for name in args.variants:
+        variants.append(Variant(name, dims, args.warmup, args.async_interval_ms, qadam_eps=args.qadam_eps))
+    log(f"built {len(variants)} variants of a {mlp_params(dims) / 1e6:.2f}M-parameter MLP {args.mlp}")
+    batches = make_batches(dims, args.batch, args.num_batches, rank)
+    cursor = [0]
+
+    def next_batch():
+        b = batches[cursor[0] % len(batches)]
+        cursor[0] += 1
+        return b
+
+    diverged: dict[str, str] = {}
+
+    def guarded_steps(v: Variant, k: int, times: Optional[list[float]]) -> bool:
+        """Run k steps; False if the variant diverged. bagua's compressed allreduce raises the same
+        ValueError on every rank when any input holds NaN/Inf, so all ranks drop it together."""
+        try:
+            for _ in range(k):
+                x, y = next_batch()
+                ts = time.perf_counter()
+                v.step(x, y)
+                if times is not None:
+                    times.append(time.perf_counter() - ts)
+        except ValueError as e:
+            if "NaN or Inf" not in str(e):
+                raise
+            diverged[v.name] = f"NaN/Inf at its step {getattr(v.model, 'step', '?')}: {str(e).splitlines()[0][:160]}"
+            log(f"{v.name} DIVERGED: {diverged[v.name]}")
+            return False
+        return True
+
+    # warm-up: every variant, untimed (also passes qadam's Adam warm-up)
+    for v in variants:
+        v.begin_block()
+        guarded_steps(v, args.warmup, None)
+        if v.name not in diverged:
+            v.end_block()
+        dist.barrier()
+    log(f"warm-up done: {args.warmup} step(s) per variant")
+
+    n = len(variants)
+    step_t: dict[str, list[float]] = {v.name: [] for v in variants}
+    block_t: dict[str, list[float]] = {v.name: [] for v in variants}
+    sent: dict[str, list[float]] = {v.name: [] for v in variants}
+    wire: dict[str, list[float]] = {v.name: [] for v in variants}
+    for r in range(args.reps):
+        for j in range(n):
+            v = variants[(r + j) % n]
+            if v.name in diverged:
+                continue
+            v.begin_block()
+            dist.barrier()
+            b0 = bagua.comm.bytes_sent()
+            w0 = tx_bytes() if tx_bytes else 0
+            t0 = time.perf_counter()
+            if not guarded_steps(v, args.block, step_t[v.name]):
+                dist.barrier()
+                continue
+            block_t[v.name].append(time.perf_counter() - t0)
+            sent[v.name].append((bagua.comm.bytes_sent() - b0) / args.block)
+            if tx_bytes:
+                dist.barrier()  # tiny: lets the block's last segments leave the qdisc
+                wire[v.name].append((tx_bytes() - w0) / args.block)
+            v.end_block()
+        log(f"repetition {r + 1}/{args.reps}")
+
+    # per rank: median, p25, p75 step; epoch (sum of blocks); bytes; then max over ranks
+    local: list[float] = []
+    alive = [v for v in variants if v.name not in diverged and block_t[v.name]]
+    for v in alive:
+        s = step_t[v.name]
+        local += [statistics.median(s), _quantile(s, 0.25), _quantile(s, 0.75), sum(block_t[v.name]),
+                  statistics.median(sent[v.name]),
+                  statistics.median(wire[v.name]) if wire[v.name] else -1.0,
+                  statistics.median(v.last_step_bytes[args.warmup:]) if v.last_step_bytes[args.warmup:] else -1.0]
+    K = 7
+    agg = torch.tensor(local, dtype=torch.float64)
+    dist.all_reduce(agg, op=dist.ReduceOp.MAX)
+    agg = agg.tolist()
+    # paired per-repetition block ratios (rank 0's blocks; all ranks are synchronous for these)
+    rows: dict[str, Any] = {}
+    for i, v in enumerate(alive):
+        med, p25, p75, epoch, b, w, last = agg[K * i: K * i + K]
+        rows[v.name] = {
+            "step_s": med, "p25_s": p25, "p75_s": p75, "epoch_s": epoch,
+            "bagua_sent_per_step": None if v.is_torch else b,
+            "bytes_sent_last_step": None if v.is_torch or last < 0 else last,
+            "ring_formula_per_step": (2 * (world - 1) / world * v.grad_bytes * (0.5 if v.name == "ddp-fp16" else 1.0))
+            if v.is_torch else None,
+            "wire_per_step": w if w >= 0 else None,
+            "blocks_s": block_t[v.name],
+            "grad_bytes": v.grad_bytes,
+        }
+    for v in variants:
+        if v.name not in diverged:
+            v.close()
+    if rank == 0:
+        job = {
+            "setting": args.setting, "link": args.link, "rate": args.rate, "world": world,
+            "backend": str(dist.get_backend()), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "tcp_cc": tcp_cc,
+            "mlp": args.mlp, "params": mlp_params(dims), "batch": args.batch, "block": args.block,
+            "reps": args.reps, "warmup": args.warmup, "async_interval_ms": args.async_interval_ms,
+            "elapsed_s": time.monotonic() - t_start, "variants": rows, "diverged": diverged,
+            "qadam_eps": args.qadam_eps,
+        }
+        print(format_job(job), flush=True)
+        print(JSON_TAG + json.dumps(job), flush=True)
+    dist.barrier()
+    bagua.destroy_process_group()
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# GPU part: one rank, NCCL
+# --------------------------------------------------------------------------------------------
+
+
+def run_gpu(args: argparse.Namespace) -> Optional[dict[str, Any]]:
+    """Plain model vs torch DDP vs bagua gradient_allreduce on one CUDA device, one rank."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print("GPU part skipped: torch.cuda.is_available() is False (no CUDA device or a CPU build of "
+              f"torch {torch.__version__}); result: blocked, no GPU", flush=True)
+        return None
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+    import bagua
+
+    for k, val in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1")):
+        os.environ.setdefault(k, val)
+    bagua.init_process_group()
+    dims = parse_mlp(args.gpu_mlp)
+    batches = make_batches(dims, args.gpu_batch, 8, 0, "cuda")
+    models = {}
+    opts = {}
+    for name in ("plain", "ddp", "gradient_allreduce"):
+        m = make_model(dims).cuda()
+        opts[name] = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+        if name == "ddp":
+            m = TorchDDP(m, device_ids=[torch.cuda.current_device()])
+        elif name == "gradient_allreduce":
+            m = bagua.DistributedDataParallel(m, [opts[name]], algorithm="gradient_allreduce")
+        models[name] = m
+    names = list(models)
+
+    def steps(name: str, k: int) -> float:
+        m, o = models[name], opts[name]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(k):
+            x, y = batches[i % len(batches)]
+            o.zero_grad(set_to_none=True)
+            F.cross_entropy(m(x), y).backward()
+            o.step()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / k
+
+    for name in names:
+        steps(name, 20)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(args.gpu_reps):
+        for j in range(len(names)):
+            name = names[(r + j) % len(names)]
+            times[name].append(steps(name, args.gpu_block))
+    res = {n: statistics.median(t) for n, t in times.items()}
+    job = {"setting": "gpu", "device": torch.cuda.get_device_name(), "backend": str(dist.get_backend()),
+           "mlp": args.gpu_mlp, "params": mlp_params(dims), "batch": args.gpu_batch, "step_s": res,
+           "reps": args.gpu_reps, "block": args.gpu_block}
+    models["gradient_allreduce"].close()
+    bagua.destroy_process_group()
+    return job
+
+
+def format_gpu(job: dict[str, Any]) -> str:
+    s = job["step_s"]
+    lines = [f"== gpu: 1 rank, {job['backend']}, {job['device']}, MLP {job['mlp']} "
+             f"({job['params'] / 1e6:.1f}M params), batch {job['batch']} ==",
+             f"{'variant':<22} {'step ms':>9} {'x plain':>8} {'x ddp':>7}"]
+    for n, t in s.items():
+        lines.append(f"{n:<22} {t * 1e3:>9.3f} {t / s['plain']:>8.3f} {t / s['ddp']:>7.3f}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# tables
+# --------------------------------------------------------------------------------------------
+
+
+def fmt_bytes(n: Optional[float]) -> str:
+    if n is None:
+        return "-"
+    for unit, mult in (("MB", 1e6), ("KB", 1e3)):
+        if n >= mult:
+            return f"{n / mult:.3g}{unit}"
+    return f"{n:.0f}B"
+
+
+def _title(job: dict[str, Any]) -> str:
+    how = "torchrun, Gloo over lo" if job["link"] == "loopback" else f"netns.py, tbf {job['rate']} per veth"
+    how += f", TCP {job.get('tcp_cc', '?')}"
+    return (f"{job['setting']}: {job['world']} ranks ({how}), MLP {job['mlp']} = {job['params'] / 1e6:.2f}M params, "
+            f"batch {job['batch']}/rank, {job['reps']}x{job['block']} timed steps/variant, {job['threads']} thread(s)/rank")
+
+
+def format_job(job: dict[str, Any]) -> str:
+    vs = job["variants"]
+    ref = vs.get("ddp", {}).get("step_s")
+    ref_e = vs.get("ddp", {}).get("epoch_s")
+    head = (f"{'variant':<28} {'step ms':>9} {'p25..p75 ms':>15} {'x ddp':>6} {'epoch s':>8} {'ddp/this':>8} "
+            f"{'sent B/step':>11} {'wire B/step':>11}")
+    lines = [f"== {_title(job)} ==", head, "-" * len(head)]
+    for name, r in vs.items():
+        sent = fmt_bytes(r["ring_formula_per_step"]) + "*" if r["ring_formula_per_step"] else fmt_bytes(r["bagua_sent_per_step"])
+        lines.append(
+            f"{name:<28} {r['step_s'] * 1e3:>9.1f} {r['p25_s'] * 1e3:>7.1f}..{r['p75_s'] * 1e3:<7.1f} "
+            f"{r['step_s'] / ref if ref else float('nan'):>6.3f} {r['epoch_s']:>8.2f} "
+            f"{ref_e / r['epoch_s'] if ref_e else float('nan'):>7.2f}x {sent:>11} {fmt_bytes(r['wire_per_step']):>11}"
+        )
+    for name, why in job.get("diverged", {}).items():
+        lines.append(f"{name:<28} DIVERGED, no timing: {why}")
+    lines.append("(* torch DDP: ring formula 2(n-1)/n x gradient bytes, not measured by bagua; "
+                 "epoch = sum of the timed blocks)")
+    return "\n".join(lines)
+
+
+def _paired_ratio(job: dict[str, Any], a: str, b: str) -> Optional[float]:
+    """Median over repetitions of block(a) / block(b) (same repetition: close in time)."""
+    vs = job["variants"]
+    if a not in vs or b not in vs:
+        return None
+    return statistics.median(x / y for x, y in zip(vs[a]["blocks_s"], vs[b]["blocks_s"]))
+
+
+def key_summary(jobs: list[dict[str, Any]], gpu: Optional[dict[str, Any]]) -> tuple[list[str], str, dict[str, Any]]:
+    lines: list[str] = []
+    key: dict[str, Any] = {}
+    parts: list[str] = []
+    loop = [j for j in jobs if j["link"] == "loopback"]
+    if loop:
+        j = loop[-1]
+        vs = j["variants"]
+        if "ddp" in vs and "gradient_allreduce" in vs:
+            r = vs["gradient_allreduce"]["step_s"] / vs["ddp"]["step_s"]
+            paired = _paired_ratio(j, "gradient_allreduce", "ddp")
+            key["ga_over_ddp"] = r
+            key["ga_over_ddp_paired"] = paired
+            ok = "met" if r <= 1.02 else "NOT met"
+            parts.append(f"loopback gradient_allreduce/DDP step {r:.3f} (paired blocks {paired:.3f}; target <=1.02: {ok})")
+            for a, b in (("gradient_allreduce-25MB", "ddp"), ("gradient_allreduce", "ddp-10MB"),
+                         ("gradient_allreduce-25MB", "ddp-10MB")):
+                if a in vs and b in vs:
+                    rr = vs[a]["step_s"] / vs[b]["step_s"]
+                    key[f"{a}_over_{b}"] = rr
+                    lines.append(f"  loopback {a}/{b} step time: {rr:.3f} (paired blocks {_paired_ratio(j, a, b):.3f})")
+    for j in jobs:
+        if j["link"] != "netns":
+            continue
+        vs = j["variants"]
+        for name in vs:
+            if name != "ddp" and "ddp" in vs:
+                key[f"{j['setting']}_x{j['world']}_ddp_over_{name}"] = vs["ddp"]["epoch_s"] / vs[name]["epoch_s"]
+        if "ddp" in vs and "bytegrad" in vs:
+            sp = vs["ddp"]["epoch_s"] / vs["bytegrad"]["epoch_s"]
+            lines.append(f"  {j['setting']} x{j['world']}: DDP fp32 / bytegrad epoch time {sp:.2f}x; "
+                         f"DDP fp32 / DDP fp16 {vs['ddp']['epoch_s'] / vs['ddp-fp16']['epoch_s']:.2f}x"
+                         if "ddp-fp16" in vs else f"  {j['setting']}: DDP/bytegrad {sp:.2f}x")
+            if j["rate"] == "100mbit" and j["world"] == 2:
+                key[f"bytegrad_speedup_{j['setting']}"] = sp
+                if j["setting"] != "100mbit":
+                    parts.append(f"{j['setting']} (TCP {j.get('tcp_cc')}) DDP fp32/bytegrad epoch {sp:.2f}x")
+            if j["setting"] == "100mbit" and j["world"] == 2:
+                key["bytegrad_speedup_100mbit"] = sp
+                ok = "met" if sp >= 3.0 else "NOT met"
+                parts.append(f"100mbit DDP fp32/bytegrad epoch {sp:.2f}x (target >=3x: {ok})")
+    if not any("100mbit" in p for p in parts):
+        parts.append("100mbit bytegrad speedup: not measured")
+    if gpu is not None:
+        r = gpu["step_s"]["gradient_allreduce"] / gpu["step_s"]["ddp"]
+        key["gpu_ga_over_ddp"] = r
+        parts.append(f"gpu 1-rank gradient_allreduce/DDP step {r:.3f}")
+    else:
+        parts.append("gpu: blocked (no CUDA device)")
+    return lines, "KEY: " + "; ".join(parts), key
+
+
+# --------------------------------------------------------------------------------------------
+# plot
+# --------------------------------------------------------------------------------------------
+
+_COLORS = {
+    "ddp": "black", "ddp-fp16": "dimgray", "gradient_allreduce": "tab:blue", "bytegrad": "tab:red",
+    "decentralized": "tab:green", "low_precision_decentralized": "tab:olive", "async": "tab:purple",
+    "qadam": "tab:orange", "ddp-10MB": "silver", "gradient_allreduce-25MB": "tab:cyan",
+}
+
+
+def plot(jobs: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    net = [j for j in jobs if j["link"] == "netns"]
+    if not net:
+        return
+    net.sort(key=lambda j: (j["world"], -(j.get("rate_bit") or 0), j["setting"]))
+    names = [n for n in NETWORK_VARIANTS if any(n in j["variants"] for j in net)]
+    fig, ax = plt.subplots(figsize=(max(8, 2.8 * len(net) + 2), 5.6))
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        xs, ys = [], []
+        for g, j in enumerate(net):
+            if name in j["variants"]:
+                xs.append(g - 0.4 + width * (i + 0.5))
+                ys.append(j["variants"][name]["epoch_s"])
+        bars = ax.bar(xs, ys, width, label=LABELS[name], color=_COLORS[name])
+        for b, y in zip(bars, ys):
+            ax.text(b.get_x() + b.get_width() / 2, y, f"{y:.0f}" if y >= 10 else f"{y:.1f}",
+                    ha="center", va="bottom", fontsize=6)
+    ax.set_xticks(range(len(net)), [f"{j['rate']}, {j['world']} ranks, TCP {j.get('tcp_cc', '?')}" for j in net])
+    ax.set_ylabel(f"epoch time, s ({net[0]['reps'] * net[0]['block']} steps)")
+    ax.set_yscale("log")
+    ax.set_title(f"Epoch time per algorithm vs bandwidth (lower is better)\nMLP {net[0]['params'] / 1e6:.1f}M "
+                 f"params, batch {net[0]['batch']}/rank, Gloo on CPU, tbf-capped veth per rank", fontsize=10)
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.1))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------------------------
+# driver
+# --------------------------------------------------------------------------------------------
+
+
+def _netns():
+    sys.path.insert(0, str(HERE))
+    try:
+        import netns  # benchmarks/netns.py
+    finally:
+        sys.path.pop(0)
+    return netns
+
+
+def _worker_args(setting: str, link: str, rate: Optional[str], mlp: str, batch: int, reps: int, block: int,
+                 warmup: int, variants: Sequence[str], args: argparse.Namespace) -> list[str]:
+    out = [str(Path(__file__).resolve()), "--worker", "--setting", setting, "--link", link, "--mlp", mlp,
+           "--batch", str(batch), "--reps", str(reps), "--block", str(block), "--warmup", str(warmup),
+           "--threads", str(args.threads), "--async-interval-ms", str(args.async_interval_ms),
+           "--qadam-eps", str(args.qadam_eps),
+           "--variants", *variants]
+    if rate:
+        out += ["--rate", rate]
+        if args.tcp_cc:
+            out += ["--tcp-cc", args.tcp_cc]
+    return out
+
+
+def _run_job(cmd: list[str], timeout: float) -> Optional[dict[str, Any]]:
+    """Run one worker job, echo its output, return rank 0's JSON (None on failure)."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    print("$ " + " ".join(cmd), flush=True)
+    job = None
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            if JSON_TAG in line:
+                job = json.loads(line.split(JSON_TAG, 1)[1])
+            else:
+                sys.stdout.write("  | " + line)
+                sys.stdout.flush()
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(cmd, timeout)
+        rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        logger.warning("job timed out after %.0f s: %s", timeout, " ".join(cmd))
+        return None
+    if rc != 0 or job is None:
+        logger.warning("job failed (exit %s%s): %s", rc, ", no results" if job is None else "", " ".join(cmd))
+        return None
+    return job
+
+
+def run_driver(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="ddp-bench: %(levelname)s %(message)s")
+    py = sys.executable
+    t0 = time.monotonic()
+    jobs: list[dict[str, Any]] = []
+    failed: list[str] = []
+    gpu = None
+    if "loopback" in args.parts:
+        cmd = [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.loopback_ranks),
+               *_worker_args("loopback", "loopback", None, args.mlp, args.batch, args.reps, args.block,
+                             args.warmup, args.variants or ALL_VARIANTS, args)]
+        print(f"\n### loopback x{args.loopback_ranks}", flush=True)
+        job = _run_job(cmd, args.timeout)
+        (jobs.append(job) if job else failed.append("loopback"))
+    if "network" in args.parts and args.rates:
+        netns = _netns()
+        try:
+            netns.check_requirements()
+            problem = None
+        except netns.NetnsError as e:
+            problem = str(e)
+        if problem:
+            logger.warning("skipping the bandwidth-capped settings %s: %s", " ".join(args.rates), problem)
+            failed += [f"{r} (skipped: {problem})" for r in args.rates]
+        else:
+            for world in args.netns_ranks:
+                for rate in args.rates:
+                    setting = f"{rate}-{args.tcp_cc}" if args.tcp_cc else rate
+                    cmd = [py, str(HERE / "netns.py"), "--ranks", str(world), "--rate", rate,
+                           "--timeout", str(args.timeout), "--", py,
+                           *_worker_args(setting, "netns", rate, args.net_mlp, args.net_batch, args.net_reps,
+                                         args.net_block, args.net_warmup,
+                                         args.net_variants or NETWORK_VARIANTS, args)]
+                    print(f"\n### {setting} x{world} ({time.monotonic() - t0:.0f}s elapsed)", flush=True)
+                    job = _run_job(cmd, args.timeout + 60)
+                    if job is None:
+                        failed.append(f"{setting} x{world}")
+                        continue
+                    job["rate_bit"] = netns.parse_rate(rate)
+                    jobs.append(job)
+    if "gpu" in args.parts:
+        print("\n### gpu", flush=True)
+        gpu = run_gpu(args)  # in this process: one rank, no launcher
+    return report(jobs, gpu, args, failed, time.monotonic() - t0)
+
+
+def report(jobs: list[dict[str, Any]], gpu: Optional[dict[str, Any]], args: argparse.Namespace,
+           failed: Sequence[str], elapsed: float) -> int:
+    print("\n" + "=" * 110)
+    print(f"Training step time, torch DDP vs bagua.DistributedDataParallel; step: median over timed steps, "
+          f"max over ranks; {elapsed:.0f}s total")
+    for n in ALL_VARIANTS:
+        print(f"  {n:<28} {LABELS[n]}")
+    for job in jobs:
+        print()
+        print(format_job(job))
+    if gpu is not None:
+        print()
+        print(format_gpu(gpu))
+    if failed:
+        print(f"\nFAILED or skipped: {', '.join(failed)}")
+    lines, key_line, key = key_summary(jobs, gpu)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:], "elapsed_s": elapsed,
+                                   "failed": list(failed), "key": key, "jobs": jobs, "gpu": gpu}, indent=1))
+        print(f"\nwrote {args.out}")
+    if not args.no_plot and any(j["link"] == "netns" for j in jobs):
+        plot(jobs, Path(args.plot))
+        print(f"wrote {args.plot}")
+    print()
+    print("\n".join(lines))
+    print(key_line)
+    return 0 if not failed else 1
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ddp.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="examples:\n  python benchmarks/ddp.py\n"
+                                       "  python benchmarks/ddp.py --parts network --rates 100mbit")
+    p.add_argument("--parts", nargs="+", default=["loopback", "network", "gpu"],
+                   choices=["loopback", "network", "gpu"], help="what to run (default all)")
+    p.add_argument("--worker", action="store_true", help="run as one rank (under torchrun or netns.py)")
+    p.add_argument("--gpu-worker", action="store_true", help=argparse.SUPPRESS)
+    # loopback
+    p.add_argument("--loopback-ranks", type=int, default=2, help="ranks on loopback (default 2)")
+    p.add_argument("--mlp", default="1024-1024x4-10", help="loopback model widths (default 1024-1024x4-10, 4.2M params)")
+    p.add_argument("--batch", type=int, default=64, help="loopback batch per rank (default 64)")
+    p.add_argument("--reps", type=int, default=10, help="loopback repetitions (default 10)")
+    p.add_argument("--block", type=int, default=5, help="loopback steps per block (default 5)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant first (default 3)")
+    p.add_argument("--variants", nargs="+", choices=ALL_VARIANTS, default=None,
+                   help="variants (loopback / worker; default all ten)")
+    # network
+    p.add_argument("--rates", nargs="*", default=["1gbit", "100mbit"], help="tbf rates (default 1gbit 100mbit)")
+    p.add_argument("--netns-ranks", nargs="+", type=int, default=[2], help="ranks in the network settings (default 2)")
+    p.add_argument("--net-mlp", default="1024-1664x4-10", help="network model (default 1024-1664x4-10, 10.0M params)")
+    p.add_argument("--net-batch", type=int, default=64, help="network batch per rank (default 64)")
+    p.add_argument("--net-reps", type=int, default=2, help="network repetitions (default 2)")
+    p.add_argument("--net-block", type=int, default=10, help="network steps per block (default 10: epoch = 20 steps)")
+    p.add_argument("--net-warmup", type=int, default=1, help="network untimed steps per variant (default 1)")
+    p.add_argument("--net-variants", nargs="+", choices=ALL_VARIANTS, default=None,
+                   help="network variants (default the eight without the bucket sweep)")
+    # common
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1: 2 ranks on 2 cores)")
+    p.add_argument("--async-interval-ms", type=int, default=500, help="async sync_interval_ms (default 500, bagua's default)")
+    p.add_argument("--tcp-cc", default=None, metavar="NAME",
+                   help="network settings only: TCP congestion control inside the ranks' namespaces (e.g. "
+                        "reno); default: the system's (bbr here). See results/ddp.md")
+    p.add_argument("--qadam-eps", type=float, default=1e-3,
+                   help="QAdamOptimizer eps (default 1e-3; bagua's default 1e-8 diverges here, see results/ddp.md)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per job (default 900)")
+    p.add_argument("--out", default=None, help="write all results as JSON here")
+    p.add_argument("--plot", default=str(DEFAULT_PLOT), help=f"plot path (default {DEFAULT_PLOT.relative_to(ROOT)})")
+    p.add_argument("--no-plot", action="store_true", help="don't write the plot")
+    p.add_argument("--from-json", nargs="+", default=None, metavar="PATH",
+                   help="don't run anything: rebuild tables, key line and plot from --out files")
+    # gpu
+    p.add_argument("--gpu-mlp", default="4096-4096x4-1000", help="GPU model (default 4096-4096x4-1000)")
+    p.add_argument("--gpu-batch", type=int, default=256)
+    p.add_argument("--gpu-reps", type=int, default=10)
+    p.add_argument("--gpu-block", type=int, default=20)
+    # worker-only
+    p.add_argument("--setting", default="loopback", help=argparse.SUPPRESS)
+    p.add_argument("--link", default="loopback", choices=["loopback", "netns"], help=argparse.SUPPRESS)
+    p.add_argument("--rate", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--num-batches", type=int, default=8, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.reps < 1 or args.block < 1 or args.net_reps < 1 or args.net_block < 1 or args.warmup < 0:
+        raise SystemExit("need --reps, --block, --net-reps, --net-block >= 1 and --warmup >= 0")
+    if args.worker:
+        args.variants = args.variants or list(ALL_VARIANTS)
+        return run_worker(args)
+    if args.gpu_worker:
+        job = run_gpu(args)
+        if job is not None:
+            print(format_gpu(job), flush=True)
+            print(JSON_TAG + json.dumps(job), flush=True)
+        return 0
+    if args.from_json:
+        jobs: list[dict[str, Any]] = []
+        gpu = None
+        for path in args.from_json:
+            data = json.loads(Path(path).read_text())
+            jobs += data["jobs"]
+            gpu = data.get("gpu") or gpu
+        return report(jobs, gpu, args, [], sum(j.get("elapsed_s", 0) for j in jobs))
+    return run_driver(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
