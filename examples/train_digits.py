@@ -191,9 +191,9 @@ def train(args: argparse.Namespace, log=print) -> dict:
         batches = tqdm(loader, desc=f"epoch {epoch}", leave=False, disable=True if rank else None)
         for x, y in batches:
             data_s += time.perf_counter() - fetch_start
+            optimizer.zero_grad()  # before forward: the wrapper then puts the gradients back in its buckets
             logits = ddp(x)
             loss = F.cross_entropy(logits, y)
-            optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             n = y.numel()

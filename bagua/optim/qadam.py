@@ -7,6 +7,11 @@ and only the momentum m moves; the update is ``lr * m̂ / (sqrt(v̂) + eps)``. T
 (the scheme of 1-bit Adam, Tang et al. 2021, and Bagua's QAdam). Used alone, the optimizer
 updates the momentum from the local gradient itself.
 
+A coordinate whose gradient was zero throughout warm-up (a dead ReLU unit, an input feature
+that is always 0) has a frozen variance of exactly 0: its update m / (sqrt(0) + eps) would turn
+the compression's rounding noise on a momentum of 0 into steps of up to lr * 1e-7 / eps. Such
+coordinates are left unchanged after warm-up.
+
 Example::
 
     opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=100)
@@ -94,6 +99,8 @@ class QAdamOptimizer(torch.optim.Optimizer):
                     if warmup:
                         v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
                 denom = (v / bias2).sqrt_().add_(group["eps"])
+                if not warmup:  # coordinates with no variance estimate stay put (module docstring)
+                    m = m.masked_fill(v == 0, 0.0)
                 p.addcdiv_(m, denom, value=-group["lr"] / bias1)
         return loss
 

@@ -102,3 +102,33 @@ def test_qadam_optimizer_alone_is_adam_during_warmup():
             torch.nn.functional.cross_entropy(m(x), y).backward()
             o.step()
     torch.testing.assert_close(flat_params(model), flat_params(reference), rtol=1e-5, atol=1e-6)
+
+
+class _DeadInput(torch.nn.Module):
+    """Input feature 0 is always zero: its weights get no gradient, so a frozen variance of 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = make_model()
+
+    def forward(self, x):
+        return self.net(torch.cat([torch.zeros_like(x[:, :1]), x[:, 1:]], dim=1))
+
+
+def _qadam_dead_coordinates(rank: int) -> dict:
+    model = _DeadInput()
+    opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=3, eps=1e-8)
+    ddp = bagua.DistributedDataParallel(model, [opt], bagua.algorithms.QAdamAlgorithm(opt))
+    dead_before = model.net[0].weight[:, 0].detach().clone()
+    for x, y in rank_batches(rank, 15):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    return dict(dead_before=dead_before, dead_after=model.net[0].weight[:, 0].detach().clone(),
+                finite=bool(all(torch.isfinite(p).all() for p in model.parameters())))
+
+
+def test_qadam_leaves_coordinates_without_variance_alone():
+    for r in run_ranks(_qadam_dead_coordinates, 2):
+        assert r["finite"]
+        assert torch.equal(r["dead_before"], r["dead_after"])
