@@ -143,8 +143,12 @@ def make_algorithm(name: str, optimizer: torch.optim.Optimizer) -> bagua.algorit
 
 def make_optimizer(name: str, params, lr) -> torch.optim.Optimizer:
     if name == "qadam":
-        return bagua.optim.QAdamOptimizer(params, lr=lr or 0.003, warmup_steps=50)
-    return torch.optim.SGD(params, lr=lr or 0.1, momentum=0.9)
+        optimizer = bagua.optim.QAdamOptimizer(params, lr=lr or 0.003, warmup_steps=50)
+    else:
+        optimizer = torch.optim.SGD(params, lr=lr or 0.1, momentum=0.9)
+    # Parameters, gradients and momentum in flat buffers: fuse_step() updates them all at once
+    # (fuse before wrapping: the wrapper then communicates the same flat gradient buffer).
+    return bagua.optim.fuse_optimizer(optimizer)
 
 
 @torch.no_grad()
@@ -195,7 +199,7 @@ def train(args: argparse.Namespace, log=print) -> dict:
             logits = ddp(x)
             loss = F.cross_entropy(logits, y)
             loss.backward()
-            optimizer.step()
+            optimizer.fuse_step()
             n = y.numel()
             stats += torch.tensor([loss.item() * n, (logits.argmax(dim=1) == y).sum().item(), n],
                                   dtype=torch.float64)

@@ -43,6 +43,12 @@ if TYPE_CHECKING:  # the wrapper imports us, not the other way round
 NamedTensor = tuple[str, torch.Tensor]
 
 
+def _home(tensor: torch.Tensor) -> int | None:
+    """The buffer ``tensor`` is a view into, when it is one (else None)."""
+    storage = tensor.untyped_storage()
+    return storage.data_ptr() if storage.nbytes() > tensor.nbytes else None
+
+
 class AlgorithmImpl:
     """The hooks the wrapper calls; the defaults communicate nothing.
 
@@ -62,14 +68,16 @@ class AlgorithmImpl:
 
     def bucket_tensors(self, named: list[NamedTensor], bucket_size_bytes: int) -> list[list[NamedTensor]]:
         """Split ``named`` into consecutive groups of one dtype and device, each about
-        ``bucket_size_bytes`` (a tensor larger than that gets a bucket of its own)."""
+        ``bucket_size_bytes`` (a tensor larger than that gets a bucket of its own). Tensors that
+        are views into a shared buffer (a fused optimizer's) are not mixed with others, so each
+        bucket can adopt its stretch of that buffer without copying."""
         buckets: list[list[NamedTensor]] = []
-        size = 0
+        size, kind = 0, None
         for name, tensor in named:
-            kind = (tensor.dtype, tensor.device)
-            if not buckets or size >= bucket_size_bytes or (buckets[-1][0][1].dtype, buckets[-1][0][1].device) != kind:
+            this = (tensor.dtype, tensor.device, _home(tensor))
+            if not buckets or size >= bucket_size_bytes or this != kind:
                 buckets.append([])
-                size = 0
+                size, kind = 0, this
             buckets[-1].append((name, tensor))
             size += tensor.nbytes
         return buckets

@@ -3,7 +3,8 @@
 Building a bucket copies each tensor's values into the buffer once and rebinds the
 tensor's ``.data`` to its view, so the caller's tensor objects (parameters, gradients)
 keep working while a single collective on ``bucket.flat`` moves them all, with no copy
-per step. An algorithm appends the communication ops the bucket runs when it is ready.
+per step. Tensors that already tile one contiguous stretch of memory (e.g. the flat buffers
+of ``bagua.optim.fuse_optimizer``) are adopted as they are: no copy, no rebinding. An algorithm appends the communication ops the bucket runs when it is ready.
 
 Example::
 
@@ -22,6 +23,21 @@ from .collectives import ReduceOp, allreduce, broadcast
 from .process_group import BaguaProcessGroup
 
 BucketOp = Callable[["Bucket"], None]
+
+
+def _shared_region(tensors: Sequence[torch.Tensor]) -> Optional[tuple[torch.Tensor, list[int]]]:
+    """If ``tensors`` exactly tile one contiguous stretch of one storage (in any order, no gaps,
+    no overlaps), that stretch as a flat tensor and each tensor's offset in it; else None."""
+    storage = tensors[0].untyped_storage()
+    if any(t.untyped_storage().data_ptr() != storage.data_ptr() or not t.is_contiguous() for t in tensors):
+        return None
+    spans = sorted((t.storage_offset(), t.numel()) for t in tensors)
+    if any(a + n != b for (a, n), (b, _) in zip(spans, spans[1:])):
+        return None
+    start = spans[0][0]
+    flat = torch.empty(0, dtype=tensors[0].dtype, device=tensors[0].device)
+    flat.set_(storage, start, (spans[-1][0] + spans[-1][1] - start,))
+    return flat, [t.storage_offset() - start for t in tensors]
 
 
 class Bucket:
@@ -52,10 +68,17 @@ class Bucket:
         self.dtype = tensors[0].dtype
         self.device = tensors[0].device
         self.numels = [t.numel() for t in tensors]
+        self.tensors = tensors
+        self._ops: list[tuple[str, BucketOp]] = []
+        region = _shared_region(tensors) if rebind else None
+        if region is not None:  # already one flat buffer (e.g. a fused optimizer's): adopt it
+            self.flat, self.offsets = region
+            self.views = [t.data for t in tensors]
+            return
         self.offsets = [0]
-        for numel in self.numels:
+        for numel in self.numels[:-1]:
             self.offsets.append(self.offsets[-1] + numel)
-        self.flat = torch.empty(self.offsets[-1], dtype=self.dtype, device=self.device)
+        self.flat = torch.empty(sum(self.numels), dtype=self.dtype, device=self.device)
         self.views: list[torch.Tensor] = []
         for t, start, numel in zip(tensors, self.offsets, self.numels):
             view = self.flat[start:start + numel].view(t.shape)
@@ -63,8 +86,6 @@ class Bucket:
             self.views.append(view)
             if rebind:
                 t.data = view
-        self.tensors = tensors
-        self._ops: list[tuple[str, BucketOp]] = []
 
     def __len__(self) -> int:
         return len(self.tensors)

@@ -40,20 +40,25 @@ _REDUCERS = {
     ReduceOp.PRODUCT: lambda x: x.prod(dim=0),
 }
 _PIECE_BYTES = 512 * 1024
+_SEGMENT_ELEMS = 1 << 20
 
 
 class _Requests:
-    """Point-to-point requests in flight, finished together."""
+    """Point-to-point requests in flight, finished together. ``wait()`` may be called again:
+    Gloo's own send work must be waited on once only (a second wait blocks)."""
 
     def __init__(self, works: list):
         self.works = works
+        self.done = False
 
     def wait(self) -> None:
-        for work in self.works:
-            work.wait()
+        if not self.done:
+            for work in self.works:
+                work.wait()
+            self.done = True
 
     def is_completed(self) -> bool:
-        return all(work.is_completed() for work in self.works)
+        return self.done or all(work.is_completed() for work in self.works)
 
 
 def _pieces(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -61,15 +66,17 @@ def _pieces(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return torch.split(tensor, per_piece)
 
 
-def _exchange(pg: BaguaProcessGroup, outgoing: Callable[[int], torch.Tensor], incoming: Callable[[int], torch.Tensor]) -> _Requests:
+def _exchange(
+    pg: BaguaProcessGroup, outgoing: Callable[[int], torch.Tensor], incoming: Callable[[int], torch.Tensor], tag: int
+) -> _Requests:
     """Post, for every other member ``j`` of ``pg`` (group rank), sends of ``outgoing(j)`` to it
-    and receives of ``incoming(j)`` from it, in pieces, all at once."""
+    and receives of ``incoming(j)`` from it, in pieces, all at once, under message ``tag``."""
     ops = []
     for j, peer in enumerate(pg.ranks):
         if j == pg.rank:
             continue
-        sends = [dist.P2POp(dist.isend, piece, peer, group=pg.group) for piece in _pieces(outgoing(j))]
-        recvs = [dist.P2POp(dist.irecv, piece, peer, group=pg.group) for piece in _pieces(incoming(j))]
+        sends = [dist.P2POp(dist.isend, piece, peer, group=pg.group, tag=tag) for piece in _pieces(outgoing(j))]
+        recvs = [dist.P2POp(dist.irecv, piece, peer, group=pg.group, tag=tag) for piece in _pieces(incoming(j))]
         # interleaved, so both directions of the link carry data from the first piece on
         ops += [op for pair in itertools.zip_longest(sends, recvs) for op in pair if op is not None]
     return _Requests(dist.batch_isend_irecv(ops) if ops else [])
@@ -91,8 +98,8 @@ def compressed_allreduce(
 ) -> Optional[Handle]:
     """Allreduce ``tensor`` in place with every transmitted byte encoded by ``codec``.
 
-    With ``async_op=True`` the alltoall runs in the background; the reduction and the
-    allgather run in ``Handle.wait()``.
+    With ``async_op=True`` the first exchange runs in the background; the reduction and the
+    second exchange run in ``Handle.wait()``.
 
     Example::
 
@@ -111,26 +118,17 @@ def compressed_allreduce(
     if w == 1 or n == 0:
         return _done(what, None, async_op)
 
-    chunk = -(-n // w)
     flat = tensor.reshape(-1)
-    if n < w * chunk:  # repeat the last value: padding never widens a chunk's range
-        flat = torch.cat([flat, flat[-1:].expand(w * chunk - n)])
-    wire_len = codec.wire_numel(chunk)
-    send = torch.empty((w, wire_len), dtype=codec.wire_dtype, device=tensor.device)
-    for j, part in enumerate(flat.view(w, chunk)):
-        send[j].copy_(codec.encode(part, check_finite=False).data)
-    received = torch.empty_like(send)
-    traffic.record("compressed_allreduce", 2 * (w - 1) * send[0].nbytes)
+    # Segments are reduced independently and pipelined: while one segment's results travel,
+    # the next one's are decoded, reduced and encoded, and the link never idles between phases.
+    segments = [_Segment(part, codec, pg, tag=2 * k) for k, part in enumerate(torch.split(flat, _SEGMENT_ELEMS))]
+    traffic.record("compressed_allreduce", sum(2 * (w - 1) * seg.send[0].nbytes for seg in segments))
 
     def finish() -> None:
-        parts = torch.empty((w, chunk), dtype=torch.float32, device=tensor.device)
-        reduced = _REDUCERS[op](_decode_rows(codec, received, w, chunk, parts))
-        mine = codec.encode(reduced, check_finite=False).data.contiguous()
-        gathered = torch.empty((w, wire_len), dtype=codec.wire_dtype, device=tensor.device)
-        gathered[pg.rank].copy_(mine)
         with _named_errors(what):
-            _exchange(pg, lambda j: mine, lambda j: gathered[j]).wait()
-        result = _decode_rows(codec, gathered, w, chunk, parts).view(-1)[:n]
+            for k, seg in enumerate(segments):
+                seg.reduce_and_share(_REDUCERS[op], tag=2 * k + 1)
+            result = torch.cat([seg.result() for seg in segments])
         if not torch.isfinite(result).all():
             raise ValueError(
                 f"{what}: the input holds NaN or Inf on at least one rank; the result would be "
@@ -139,8 +137,43 @@ def compressed_allreduce(
             )
         tensor.copy_(result.view_as(tensor))
 
-    received[pg.rank].copy_(send[pg.rank])
-    return _run(what, lambda: _exchange(pg, lambda j: send[j], lambda j: received[j]), finish, async_op)
+    return _run(what, lambda: _Requests([seg.phase1 for seg in segments]), finish, async_op)
+
+
+class _Segment:
+    """One stretch of the tensor, scatter-reduce-gathered on its own: encoding it posts its
+    chunks to their ranks (phase 1); ``reduce_and_share`` reduces this rank's chunk and posts
+    the result to every rank (phase 2); ``result`` decodes all of them."""
+
+    def __init__(self, part: torch.Tensor, codec: Codec, pg: BaguaProcessGroup, tag: int):
+        w, n = pg.size, part.numel()
+        self.codec, self.pg, self.n = codec, pg, n
+        self.chunk = -(-n // w)
+        if n < w * self.chunk:  # repeat the last value: padding never widens a chunk's range
+            part = torch.cat([part, part[-1:].expand(w * self.chunk - n)])
+        wire_len = codec.wire_numel(self.chunk)
+        self.send = torch.empty((w, wire_len), dtype=codec.wire_dtype, device=part.device)
+        self.received = torch.empty_like(self.send)
+        rows = part.view(w, self.chunk)
+        order = [j for j in range(w) if j != pg.rank] + [pg.rank]  # what leaves first is encoded first
+        for j in order:
+            self.send[j].copy_(codec.encode(rows[j], check_finite=False).data)
+        self.received[pg.rank].copy_(self.send[pg.rank])
+        self.phase1 = _exchange(pg, lambda j: self.send[j], lambda j: self.received[j], tag)
+
+    def reduce_and_share(self, reduce: Callable[[torch.Tensor], torch.Tensor], tag: int) -> None:
+        w = self.pg.size
+        self.phase1.wait()
+        self.parts = torch.empty((w, self.chunk), dtype=torch.float32, device=self.send.device)
+        reduced = reduce(_decode_rows(self.codec, self.received, w, self.chunk, self.parts))
+        mine = self.codec.encode(reduced, check_finite=False).data.contiguous()
+        self.gathered = torch.empty_like(self.send)
+        self.gathered[self.pg.rank].copy_(mine)
+        self.phase2 = _exchange(self.pg, lambda j: mine, lambda j: self.gathered[j], tag)
+
+    def result(self) -> torch.Tensor:
+        self.phase2.wait()
+        return _decode_rows(self.codec, self.gathered, self.pg.size, self.chunk, self.parts).view(-1)[: self.n]
 
 
 __all__ = ["compressed_allreduce"]

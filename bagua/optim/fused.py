@@ -86,6 +86,28 @@ def is_fused_optimizer(optimizer: Any) -> bool:
     return isinstance(getattr(optimizer, _ATTR, None), _FuseState)
 
 
+def gradient_home(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> torch.Tensor | None:
+    """The view of ``optimizer``'s flat gradient buffer that ``param.grad`` should be, when the
+    optimizer is fused and flattened ``param``; else None. For wrappers that must give a
+    parameter a gradient before the first backward (bagua.DistributedDataParallel) without
+    moving it out of the flat buffer.
+
+    Example::
+
+        if p.grad is None:
+            p.grad = gradient_home(opt, p)   # zeros, inside the optimizer's flat buffer
+    """
+    fs = getattr(optimizer, _ATTR, None)
+    if fs is None or not fs.do_flatten:
+        return None
+    for _, _, buckets in fs.groups:
+        for b in buckets:
+            for i, q in enumerate(b.params):
+                if q is param:
+                    return b.home_grads[i]
+    return None
+
+
 def _refusal(optimizer: torch.optim.Optimizer) -> str | None:
     name = type(optimizer).__name__
     if isinstance(optimizer, torch.optim.LBFGS):

@@ -28,6 +28,7 @@ import torch
 from .. import comm
 from ..algorithms.base import Algorithm, AlgorithmImpl, resolve
 from ..comm import BaguaProcessGroup, Bucket, Engine
+from ..optim.fused import gradient_home
 
 
 DEFAULT_BUCKET_SIZE_BYTES = 10 * 1024 * 1024
@@ -89,8 +90,10 @@ class DistributedDataParallel(torch.nn.Module):
         self._check_same_model_on_all_ranks()
         self._broadcast_from_rank0(list(module.parameters()) + list(module.buffers()))
         for p in self._params.values():
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
+            if p.grad is None:  # a fused optimizer's flat gradient buffer, if it has one for p
+                p.grad = self._gradient_home(p)
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
 
         self.impl: AlgorithmImpl = self.algorithm.reify(self.process_group)
         named = self.impl.tensors_to_communicate(self)
@@ -105,6 +108,10 @@ class DistributedDataParallel(torch.nn.Module):
             name: self.buckets[b].views[i] for name, (b, i) in self._slot.items()
             if self._params.get(name) is not None and self._params[name].grad is self.buckets[b].tensors[i]
         }
+        for name, p in self.named_trainable_parameters:  # weight algorithms + a fused optimizer
+            home = self._gradient_home(p)
+            if name not in self._grad_view and home is not None:
+                self._grad_view[name] = home
         for bucket in self.buckets:
             self.impl.init_operations(self, bucket)
         self.engine = Engine(self.buckets, group=self.process_group)
@@ -145,6 +152,11 @@ class DistributedDataParallel(torch.nn.Module):
             + "; ".join(lines)
         )
 
+    def _gradient_home(self, p: torch.Tensor) -> Optional[torch.Tensor]:
+        """Where a fused optimizer keeps ``p``'s gradient in its flat buffer (None if nowhere)."""
+        homes = (gradient_home(opt, p) for opt in self.optimizers)
+        return next((h for h in homes if h is not None), None)
+
     def _broadcast_from_rank0(self, tensors: list[torch.Tensor]) -> None:
         src = self.process_group.ranks[0]
         with torch.no_grad():
@@ -166,9 +178,9 @@ class DistributedDataParallel(torch.nn.Module):
         self.step += 1
 
     def _repair_gradients(self) -> None:
-        """Put every bucketed gradient back into its bucket view (``zero_grad()`` sets grads to
-        None by default; a user may also assign ``.grad``): then backward accumulates into the
-        flat buffer again."""
+        """Put every gradient back into its bucket view, or its fused optimizer's flat buffer
+        (``zero_grad()`` sets grads to None by default; a user may also assign ``.grad``): then
+        backward accumulates into the flat buffer again."""
         for name, view in self._grad_view.items():
             p = self._params[name]
             if p.grad is None:

@@ -186,3 +186,22 @@ def _engine_ops_skip_agreement_check(rank: int) -> tuple[int, int]:
 
 def test_engine_ops_run_without_per_call_checks():
     assert run_ranks(_engine_ops_skip_agreement_check, 2) == [(0, 1), (0, 1)]
+
+
+def test_bucket_adopts_tensors_that_already_tile_one_buffer():
+    buffer = torch.arange(10.0)
+    a, b = buffer[0:4].view(2, 2), buffer[4:10]
+    bucket = Bucket([b, a])  # any order
+    assert bucket.flat.data_ptr() == buffer.data_ptr() and bucket.flat.numel() == 10
+    assert bucket.is_intact() and bucket.offsets == [4, 0]
+    bucket.flat.mul_(2)
+    assert torch.equal(a, torch.tensor([[0.0, 2.0], [4.0, 6.0]])) and torch.equal(buffer[4:], 2 * torch.arange(4.0, 10.0))
+
+
+def test_bucket_copies_tensors_with_a_gap_between_them():
+    buffer = torch.arange(10.0)
+    a, b = buffer[0:4], buffer[5:10]
+    bucket = Bucket([a, b])
+    assert bucket.flat.numel() == 9 and bucket.flat.data_ptr() != buffer.data_ptr()
+    assert torch.equal(bucket.flat, torch.cat([torch.arange(4.0), torch.arange(5.0, 10.0)]))
+    assert a.data_ptr() == bucket.flat.data_ptr()  # rebound to its view

@@ -3,9 +3,11 @@
 import pytest
 import torch
 
+from bagua.comm.compressed import _SEGMENT_ELEMS
 from tests.harness import run_ranks, run_ranks_expect_errors
 
 BLOCK = 1024
+SEGMENT = _SEGMENT_ELEMS
 
 
 def _input(rank: int, numel: int) -> torch.Tensor:
@@ -35,17 +37,19 @@ def _step_bound(exact: torch.Tensor, op: str) -> torch.Tensor:
     of the reduced tensor spans at most the sum (SUM) or mean (AVG) of the ranks' ranges.
     """
     w, n = exact.shape
-    chunk = -(-n // w)
     bound = torch.empty(n)
-    for start in range(0, n, chunk):  # rank chunks
-        for b in range(start, min(start + chunk, n), BLOCK):  # codec blocks inside a chunk
-            end = min(b + BLOCK, start + chunk, n)
-            block = exact[:, b:end]
-            ranges = block.amax(1) - block.amin(1)
-            first = ranges.sum() / 510 if op == "sum" else ranges.mean() / 510
-            reduced = block.sum(0) if op == "sum" else block.mean(0)
-            second = (reduced.amax() - reduced.amin()) / 510
-            bound[b:end] = first + second
+    for seg_start in range(0, n, SEGMENT):  # segments are reduced independently
+        seg_end = min(seg_start + SEGMENT, n)
+        chunk = -(-(seg_end - seg_start) // w)
+        for start in range(seg_start, seg_end, chunk):  # rank chunks
+            for b in range(start, min(start + chunk, seg_end), BLOCK):  # codec blocks inside a chunk
+                end = min(b + BLOCK, start + chunk, seg_end)
+                block = exact[:, b:end]
+                ranges = block.amax(1) - block.amin(1)
+                first = ranges.sum() / 510 if op == "sum" else ranges.mean() / 510
+                reduced = block.sum(0) if op == "sum" else block.mean(0)
+                second = (reduced.amax() - reduced.amin()) / 510
+                bound[b:end] = first + second
     return bound * 1.001 + 1e-5
 
 
@@ -65,6 +69,16 @@ def test_minmax_uint8_is_identical_on_all_ranks_and_within_codec_bound(world_siz
         # every byte on the wire is compressed: ~4x fewer than an fp32 ring allreduce
         fp32_ring = 2 * (world_size - 1) / world_size * numel * 4
         assert 3.9 < fp32_ring / sent < 4.1
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_pipelined_segments_are_identical_and_within_codec_bound(world_size):
+    numel = 2 * SEGMENT + 12_345  # three segments, the last one short
+    results = run_ranks(_compressed, world_size, "minmax_uint8", "avg", numel, True)
+    first, _, _, exact = results[0]
+    assert all(torch.equal(r[0], first) for r in results[1:])
+    error = (first - exact.mean(0)).abs()
+    assert (error <= _step_bound(exact, "avg")).all()
 
 
 @pytest.mark.parametrize("codec,tol", [("fp16", 2e-3), ("bf16", 2e-2)])
