@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench-comm system-deps clean
+.PHONY: demo test bench bench-comm system-deps clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,14 @@ test: system-deps $(VENV)/.installed-test
 
 bench-comm: $(VENV)/.installed-bench
 	$(PY) benchmarks/comm.py
+
+# Every benchmark (about 40 minutes on 2 cores; the network parts need root and iproute2).
+bench: system-deps $(VENV)/.installed-bench
+	$(PY) benchmarks/comm.py
+	$(PY) benchmarks/ddp.py
+	$(PY) benchmarks/cache.py
+	$(PY) benchmarks/sampler.py
+	$(PY) benchmarks/fused_optimizer.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -51,13 +51,14 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or by torchrun
+from _jobs import fmt_bytes, import_netns, quantile, run_job, tx_bytes_reader  # noqa: E402
 
 logger = logging.getLogger("benchmarks.comm")
 
@@ -110,15 +111,6 @@ def fmt_size(n: int) -> str:
     return f"{n}B"
 
 
-def fmt_bytes(n: Optional[float]) -> str:
-    if n is None:
-        return "-"
-    for unit, mult in (("MB", 1e6), ("KB", 1e3)):
-        if n >= mult:
-            return f"{n / mult:.3g}{unit}"
-    return f"{n:.0f}B"
-
-
 def busbw(nbytes: int, seconds: float, world: int) -> float:
     """nccl-tests bus bandwidth in bytes/s: (bytes / time) * 2 (n-1) / n."""
     return nbytes / seconds * 2 * (world - 1) / world
@@ -147,30 +139,6 @@ def _set_checks(enabled: bool) -> None:
         pgmod._state = dataclasses.replace(state, check_collectives=enabled)
 
 
-def _tx_bytes_reader():
-    """A function returning this rank's interface tx byte count, or None where not per-rank.
-
-    Only under netns.py (GLOO_SOCKET_IFNAME set, one rank per namespace) is the interface this
-    rank's alone; on loopback every rank (and everything else on the machine) shares ``lo``.
-    """
-    ifname = os.environ.get("GLOO_SOCKET_IFNAME")
-    if not ifname or os.environ.get("LOCAL_WORLD_SIZE") != "1":
-        return None
-    path = Path("/sys/class/net") / ifname / "statistics" / "tx_bytes"
-    if not path.exists():
-        return None
-    return lambda: int(path.read_text())
-
-
-def _quantile(sorted_vals: list[float], q: float) -> float:
-    if len(sorted_vals) == 1:
-        return sorted_vals[0]
-    pos = q * (len(sorted_vals) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_vals) - 1)
-    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (pos - lo)
-
-
 def run_worker(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
@@ -187,7 +155,7 @@ def run_worker(args: argparse.Namespace) -> int:
     bagua.init_process_group(check_collectives=True)
     rank, world = bagua.get_rank(), bagua.get_world_size()
     SUM, AVG = bagua.comm.ReduceOp.SUM, bagua.comm.ReduceOp.AVG
-    tx_bytes = _tx_bytes_reader()
+    tx_bytes = tx_bytes_reader()
     variants = [v for v in VARIANTS if v in args.variants]
 
     def max_over_ranks(values: list[float]) -> list[float]:
@@ -265,7 +233,7 @@ def run_worker(args: argparse.Namespace) -> int:
         local = []
         for v in variants:
             s = sorted(times[v])
-            local += [statistics.median(s), _quantile(s, 0.25), _quantile(s, 0.75), s[0], s[-1],
+            local += [statistics.median(s), quantile(s, 0.25), quantile(s, 0.75), s[0], s[-1],
                       statistics.median(wire[v]) if wire[v] else -1.0, max(sent[v])]
         agg = max_over_ranks(local)
         row: dict[str, Any] = {"bytes": nbytes, "reps": reps, "variants": {}}
@@ -491,11 +459,7 @@ def plot(merged: list[dict[str, Any]], path: Path) -> None:
 
 
 def _netns_problem() -> Optional[str]:
-    sys.path.insert(0, str(HERE))
-    try:
-        import netns  # benchmarks/netns.py
-    finally:
-        sys.path.pop(0)
+    netns = import_netns()
     try:
         netns.check_requirements()
     except netns.NetnsError as e:
@@ -525,40 +489,6 @@ def _worker_args(args: argparse.Namespace, setting: str, link: str, rate: Option
         if args.tcp_cc:
             out += ["--tcp-cc", args.tcp_cc]
     return out
-
-
-def _run_job(cmd: list[str], timeout: float) -> Optional[dict[str, Any]]:
-    """Run one worker job, echo its output, return rank 0's JSON (None on failure)."""
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")  # torchrun would set it anyway, with a warning
-    env["PYTHONUNBUFFERED"] = "1"
-    print("$ " + " ".join(cmd), flush=True)
-    job = None
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + timeout
-    assert proc.stdout is not None
-    try:
-        for line in proc.stdout:
-            if JSON_TAG in line:
-                job = json.loads(line.split(JSON_TAG, 1)[1])
-            else:
-                sys.stdout.write("  | " + line)
-                sys.stdout.flush()
-            if time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(cmd, timeout)
-        rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        logger.warning("job timed out after %.0f s: %s", timeout, " ".join(cmd))
-        return None
-    if rc != 0 or job is None:
-        logger.warning("job failed (exit %s%s): %s", rc, ", no results" if job is None else "", " ".join(cmd))
-        return None
-    return job
 
 
 def run_driver(args: argparse.Namespace) -> int:
@@ -601,7 +531,7 @@ def run_driver(args: argparse.Namespace) -> int:
         for setting, link, rate, world, cmd in plans:
             print(f"\n### round {rnd + 1}/{args.repeat}: {setting} x{world} "
                   f"({time.monotonic() - t0:.0f}s elapsed)", flush=True)
-            job = _run_job(cmd, args.timeout + 60)
+            job = run_job(cmd, args.timeout + 60, JSON_TAG, logger)
             if job is None:
                 failed.append(f"{setting} x{world} (round {rnd + 1})")
                 continue

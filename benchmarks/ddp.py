@@ -65,14 +65,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or by torchrun
+from _jobs import fmt_bytes, import_netns, quantile, run_job, tx_bytes_reader  # noqa: E402
 
 logger = logging.getLogger("benchmarks.ddp")
 
@@ -229,26 +230,6 @@ class Variant:
             self.model.close()
 
 
-def _tx_bytes_reader():
-    """This rank's interface tx byte count, only where the interface is this rank's alone
-    (under netns.py: GLOO_SOCKET_IFNAME set, one rank per namespace)."""
-    ifname = os.environ.get("GLOO_SOCKET_IFNAME")
-    if not ifname or os.environ.get("LOCAL_WORLD_SIZE") != "1":
-        return None
-    path = Path("/sys/class/net") / ifname / "statistics" / "tx_bytes"
-    if not path.exists():
-        return None
-    return lambda: int(path.read_text())
-
-
-def _quantile(vals: Sequence[float], q: float) -> float:
-    s = sorted(vals)
-    pos = q * (len(s) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
 def run_worker(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
@@ -267,7 +248,7 @@ def run_worker(args: argparse.Namespace) -> int:
     bagua.init_process_group()
     rank, world = bagua.get_rank(), bagua.get_world_size()
     dims = parse_mlp(args.mlp)
-    tx_bytes = _tx_bytes_reader()
+    tx_bytes = tx_bytes_reader()
     t_start = time.monotonic()
 
     def log(msg: str) -> None:
@@ -346,7 +327,7 @@ def run_worker(args: argparse.Namespace) -> int:
     alive = [v for v in variants if v.name not in diverged and block_t[v.name]]
     for v in alive:
         s = step_t[v.name]
-        local += [statistics.median(s), _quantile(s, 0.25), _quantile(s, 0.75), sum(block_t[v.name]),
+        local += [statistics.median(s), quantile(s, 0.25), quantile(s, 0.75), sum(block_t[v.name]),
                   statistics.median(sent[v.name]),
                   statistics.median(wire[v.name]) if wire[v.name] else -1.0,
                   statistics.median(v.last_step_bytes[args.warmup:]) if v.last_step_bytes[args.warmup:] else -1.0]
@@ -465,15 +446,6 @@ def format_gpu(job: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------------------------
 # tables
 # --------------------------------------------------------------------------------------------
-
-
-def fmt_bytes(n: Optional[float]) -> str:
-    if n is None:
-        return "-"
-    for unit, mult in (("MB", 1e6), ("KB", 1e3)):
-        if n >= mult:
-            return f"{n / mult:.3g}{unit}"
-    return f"{n:.0f}B"
 
 
 def _title(job: dict[str, Any]) -> str:
@@ -616,15 +588,6 @@ def plot(jobs: list[dict[str, Any]], path: Path) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _netns():
-    sys.path.insert(0, str(HERE))
-    try:
-        import netns  # benchmarks/netns.py
-    finally:
-        sys.path.pop(0)
-    return netns
-
-
 def _worker_args(setting: str, link: str, rate: Optional[str], mlp: str, batch: int, reps: int, block: int,
                  warmup: int, variants: Sequence[str], args: argparse.Namespace) -> list[str]:
     out = [str(Path(__file__).resolve()), "--worker", "--setting", setting, "--link", link, "--mlp", mlp,
@@ -639,40 +602,6 @@ def _worker_args(setting: str, link: str, rate: Optional[str], mlp: str, batch: 
     return out
 
 
-def _run_job(cmd: list[str], timeout: float) -> Optional[dict[str, Any]]:
-    """Run one worker job, echo its output, return rank 0's JSON (None on failure)."""
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env["PYTHONUNBUFFERED"] = "1"
-    print("$ " + " ".join(cmd), flush=True)
-    job = None
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + timeout
-    assert proc.stdout is not None
-    try:
-        for line in proc.stdout:
-            if JSON_TAG in line:
-                job = json.loads(line.split(JSON_TAG, 1)[1])
-            else:
-                sys.stdout.write("  | " + line)
-                sys.stdout.flush()
-            if time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(cmd, timeout)
-        rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        logger.warning("job timed out after %.0f s: %s", timeout, " ".join(cmd))
-        return None
-    if rc != 0 or job is None:
-        logger.warning("job failed (exit %s%s): %s", rc, ", no results" if job is None else "", " ".join(cmd))
-        return None
-    return job
-
-
 def run_driver(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="ddp-bench: %(levelname)s %(message)s")
     py = sys.executable
@@ -685,10 +614,10 @@ def run_driver(args: argparse.Namespace) -> int:
                *_worker_args("loopback", "loopback", None, args.mlp, args.batch, args.reps, args.block,
                              args.warmup, args.variants or ALL_VARIANTS, args)]
         print(f"\n### loopback x{args.loopback_ranks}", flush=True)
-        job = _run_job(cmd, args.timeout)
+        job = run_job(cmd, args.timeout, JSON_TAG, logger)
         (jobs.append(job) if job else failed.append("loopback"))
     if "network" in args.parts and args.rates:
-        netns = _netns()
+        netns = import_netns()
         try:
             netns.check_requirements()
             problem = None
@@ -707,7 +636,7 @@ def run_driver(args: argparse.Namespace) -> int:
                                          args.net_block, args.net_warmup,
                                          args.net_variants or NETWORK_VARIANTS, args)]
                     print(f"\n### {setting} x{world} ({time.monotonic() - t0:.0f}s elapsed)", flush=True)
-                    job = _run_job(cmd, args.timeout + 60)
+                    job = run_job(cmd, args.timeout + 60, JSON_TAG, logger)
                     if job is None:
                         failed.append(f"{setting} x{world}")
                         continue
@@ -790,7 +719,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="network settings only: TCP congestion control inside the ranks' namespaces (e.g. "
                         "reno); default: the system's (bbr here). See results/ddp.md")
     p.add_argument("--qadam-eps", type=float, default=1e-3,
-                   help="QAdamOptimizer eps (default 1e-3; bagua's default 1e-8 diverges here, see results/ddp.md)")
+                   help="QAdamOptimizer eps (default 1e-3: with the optimizer's own 1e-8, a 3-step warm-up "
+                        "on this benchmark's random labels still diverges within ~12 steps; see RESULTS.md)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per job (default 900)")
     p.add_argument("--out", default=None, help="write all results as JSON here")
     p.add_argument("--plot", default=str(DEFAULT_PLOT), help=f"plot path (default {DEFAULT_PLOT.relative_to(ROOT)})")

@@ -2,13 +2,17 @@
 
 Each rank splits its tensor into ``world`` chunks and encodes each one; chunk ``j`` goes to
 rank ``j`` (an alltoall); rank ``j`` decodes what it got, reduces it in fp32, encodes the
-result, and sends it to every rank (an allgather), which decodes them all. Both exchanges are
-posted as point-to-point messages of at most 512 KB, sends and receives interleaved, all at
-once: with Gloo's alltoall and allgather, a 16 MB fp16 allreduce over a 100 Mbit/s link took
-1.42 s, as if the link were half-duplex; posted this way, 0.85 s (benchmarks/RESULTS.md;
-``benchmarks/p2p_pieces.py`` times piece sizes). Every byte on the wire is encoded (MinMaxUInt8: ~1 byte per element
-instead of 4), and since every rank decodes the same gathered bytes — its own chunk
-included — all ranks end with bit-identical results.
+result, and sends it to every rank (an allgather), which decodes them all. Every byte on the
+wire is encoded (MinMaxUInt8: ~1 byte per element instead of 4), and since every rank decodes
+the same gathered bytes — its own chunk included — all ranks end with bit-identical results.
+
+Speed on slow links: the tensor is cut into segments of 1M elements, each reduced this way on
+its own and pipelined (while one segment's results travel, the next one is decoded, reduced
+and encoded), and both exchanges are posted as tagged point-to-point messages of at most
+512 KB, sends and receives interleaved. With Gloo's own alltoall and allgather a 16 MB fp16
+allreduce over a 100 Mbit/s link took 1.42 s, as if the link were half-duplex; posted in
+pieces 0.85 s; MinMaxUInt8, pieces and segments: 0.43 s against 1.41 s for fp32
+(benchmarks/RESULTS.md; ``benchmarks/p2p_pieces.py`` times piece sizes).
 
 NaN or Inf on any rank travels through the encoding as a marker, so every rank raises
 the same ``ValueError`` at the end instead of one rank raising and the others hanging.

@@ -132,3 +132,21 @@ def test_qadam_leaves_coordinates_without_variance_alone():
     for r in run_ranks(_qadam_dead_coordinates, 2):
         assert r["finite"]
         assert torch.equal(r["dead_before"], r["dead_after"])
+
+
+def test_qadam_optimizer_survives_a_short_warmup_on_a_relu_mlp():
+    # coordinates with a tiny warm-up variance whose gradients grow later: without the variance
+    # floor this diverges to NaN within 60 steps (checked with VARIANCE_FLOOR = 0)
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(4):
+        layers += [torch.nn.Linear(128, 128), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(128, 10))
+    g = torch.Generator().manual_seed(1)
+    opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=3)
+    for _ in range(60):
+        x, y = torch.randn(64, 128, generator=g), torch.randint(0, 10, (64,), generator=g)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    assert all(torch.isfinite(p).all() and p.abs().max() < 10 for p in model.parameters())
