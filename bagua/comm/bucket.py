@@ -19,10 +19,10 @@ from typing import Callable, Optional, Sequence, Union
 
 import torch
 
-from .collectives import ReduceOp, allreduce, broadcast
+from .collectives import Handle, ReduceOp, allreduce, broadcast
 from .process_group import BaguaProcessGroup
 
-BucketOp = Callable[["Bucket"], None]
+BucketOp = Callable[["Bucket"], Optional[Handle]]
 
 
 def _shared_region(tensors: Sequence[torch.Tensor]) -> Optional[tuple[torch.Tensor, list[int]]]:
@@ -121,8 +121,8 @@ class Bucket:
         compression: Optional[object] = None,
     ) -> "Bucket":
         """Append an allreduce of the whole flat buffer (optionally compressed)."""
-        def run(bucket: "Bucket") -> None:
-            allreduce(bucket.flat, op=op, group=group, compression=compression)
+        def run(bucket: "Bucket") -> Handle:
+            return allreduce(bucket.flat, op=op, group=group, compression=compression, async_op=True)
 
         return self.append_op(run, f"allreduce[{compression or 'exact'}]")
 
@@ -137,12 +137,47 @@ class Bucket:
         """Forget the appended ops."""
         self._ops.clear()
 
-    def run_ops(self) -> None:
-        """Run the ops in order, now, on the calling thread."""
-        for name, op in self._ops:
-            try:
-                op(self)
-            except Exception as e:
-                if hasattr(e, "add_note"):  # Python 3.11+
-                    e.add_note(f"while running op {name!r} of bucket {self.name!r}")
-                raise
+    def run_ops(self, defer_last: bool = False) -> Optional[Handle]:
+        """Run the ops in order, now, on the calling thread.
+
+        An op may return a ``Handle`` (a collective still in flight): it is waited for before
+        the next op runs. With ``defer_last`` the last op's handle is returned unfinished
+        instead, so the caller (the Engine) can launch the next bucket first.
+        """
+        for k, (name, op) in enumerate(self._ops):
+            with self._naming_errors(name):
+                handle = op(self)
+                if isinstance(handle, Handle):
+                    if defer_last and k == len(self._ops) - 1:
+                        return _NamedHandle(handle, self._naming_errors(name))
+                    handle.wait()
+        return None
+
+    def _naming_errors(self, op_name: str) -> "_OpErrors":
+        return _OpErrors(f"while running op {op_name!r} of bucket {self.name!r}")
+
+
+class _OpErrors:
+    """Add a note naming the bucket and op to any exception raised inside."""
+
+    def __init__(self, note: str):
+        self.note = note
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is not None and hasattr(exc, "add_note"):  # Python 3.11+
+            exc.add_note(self.note)
+        return False
+
+
+class _NamedHandle:
+    """A deferred op's handle whose errors still name the bucket and op."""
+
+    def __init__(self, handle: Handle, errors: _OpErrors):
+        self.handle, self.errors = handle, errors
+
+    def wait(self) -> None:
+        with self.errors:
+            self.handle.wait()

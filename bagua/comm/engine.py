@@ -109,6 +109,7 @@ class Engine:
         self._missing = [len(b) for b in self.buckets]
         self._next = 0
         self._futures: list[tuple[Bucket, concurrent.futures.Future]] = []
+        self._in_flight = None  # the last launched bucket's collective, not yet finished
 
     @property
     def launched(self) -> int:
@@ -148,11 +149,29 @@ class Engine:
     def _run(self, bucket: Bucket, event) -> None:
         with checks.trusted():  # the layout was verified once at construction
             if event is None:
-                bucket.run_ops()
+                self._pipeline(bucket.run_ops(defer_last=True))
                 return
             with torch.cuda.stream(self._stream):
                 self._stream.wait_event(event)
-                bucket.run_ops()
+                self._pipeline(bucket.run_ops(defer_last=True))
+
+    def _pipeline(self, handle) -> None:
+        """Keep this bucket's last collective in flight and finish the previous bucket's: its
+        data crosses the link while the previous one is reduced and decoded."""
+        previous, self._in_flight = self._in_flight, handle
+        if previous is not None:
+            previous.wait()
+
+    def _finish_in_flight(self) -> None:
+        with checks.trusted():
+            handle, self._in_flight = self._in_flight, None
+            if handle is None:
+                return
+            if self._stream is None:
+                handle.wait()
+                return
+            with torch.cuda.stream(self._stream):
+                handle.wait()
 
     def wait(self) -> None:
         """End the step: wait for every bucket's ops; raise if a bucket never became ready.
@@ -164,6 +183,8 @@ class Engine:
                 f"{b.name!r} (tensors {[i for i, ok in enumerate(r) if not ok]})"
                 for b, r in zip(self.buckets, self._ready) if not all(r)
             ]
+            if self._futures:  # the last bucket's collective, finished on the communication thread
+                self._futures.append((self._futures[-1][0], _comm_thread().submit(self._finish_in_flight)))
             for bucket, future in self._futures:
                 try:
                     future.result(timeout=self.timeout_s)
