@@ -9,11 +9,12 @@ repetition to the next (A B C ..., then B C ... A) so that drifts in machine loa
 
 ====================  ========================================================================
 ddp                   ``torch.nn.parallel.DistributedDataParallel`` (bucket_cap_mb=25, default)
-ddp-10MB              the same with bucket_cap_mb=10 (bagua's default bucket size)
+ddp-10MB              the same with bucket_cap_mb=10
 ddp-fp16              torch DDP + ``default_hooks.fp16_compress_hook``
 gradient_allreduce    ``bagua.DistributedDataParallel(..., algorithm="gradient_allreduce")``
-gradient_allreduce-25MB  the same with ``bucket_size_bytes=25 MiB`` (torch DDP's default)
+gradient_allreduce-10MB  the same with ``bucket_size_bytes=10 MiB`` (default: 25 MiB, as torch DDP)
 bytegrad              bagua, MinMaxUInt8-compressed gradient allreduce
+bytegrad-10MB         the same with ``bucket_size_bytes=10 MiB``
 decentralized         bagua, weights averaged with all peers (peer_selection_mode="all")
 low_precision_decentralized  bagua, ring, 8-bit compressed weight differences
 async                 bagua, background model averaging (sync_interval_ms, warmup_steps=0)
@@ -84,8 +85,8 @@ DEFAULT_PLOT = HERE / "figures" / "ddp_network.png"
 MIB = 1 << 20
 
 ALL_VARIANTS = (
-    "ddp", "ddp-10MB", "ddp-fp16", "gradient_allreduce", "gradient_allreduce-25MB", "bytegrad",
-    "decentralized", "low_precision_decentralized", "async", "qadam",
+    "ddp", "ddp-10MB", "ddp-fp16", "gradient_allreduce", "gradient_allreduce-10MB", "bytegrad",
+    "bytegrad-10MB", "decentralized", "low_precision_decentralized", "async", "qadam",
 )
 NETWORK_VARIANTS = (
     "ddp", "ddp-fp16", "gradient_allreduce", "bytegrad", "decentralized",
@@ -96,8 +97,9 @@ LABELS = {
     "ddp-10MB": "torch DDP fp32, 10MB buckets",
     "ddp-fp16": "torch DDP fp16 hook",
     "gradient_allreduce": "bagua gradient_allreduce",
-    "gradient_allreduce-25MB": "bagua gradient_allreduce, 25MB buckets",
+    "gradient_allreduce-10MB": "bagua gradient_allreduce, 10MB buckets",
     "bytegrad": "bagua bytegrad",
+    "bytegrad-10MB": "bagua bytegrad, 10MB buckets",
     "decentralized": "bagua decentralized",
     "low_precision_decentralized": "bagua low_precision_decentralized",
     "async": "bagua async",
@@ -188,7 +190,7 @@ class Variant:
 
                 self.model.register_comm_hook(state=None, hook=default_hooks.fp16_compress_hook)
         else:
-            base = name.split("-25MB")[0]
+            base = name.split("-10MB")[0]
             if base == "qadam":
                 algo = bagua.algorithms.QAdamAlgorithm(self.opt)
             elif base == "async":
@@ -197,7 +199,7 @@ class Variant:
             else:
                 algo = bagua.algorithms.Algorithm.init(base)
             self.algo = algo
-            size = 25 * MIB if name.endswith("-25MB") else bagua.parallel.ddp.DEFAULT_BUCKET_SIZE_BYTES
+            size = 10 * MIB if name.endswith("-10MB") else bagua.parallel.ddp.DEFAULT_BUCKET_SIZE_BYTES
             self.model = bagua.DistributedDataParallel(model, [self.opt], algorithm=algo, bucket_size_bytes=size)
         self.grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         self.last_step_bytes: list[int] = []
@@ -499,8 +501,8 @@ def key_summary(jobs: list[dict[str, Any]], gpu: Optional[dict[str, Any]]) -> tu
             key["ga_over_ddp_paired"] = paired
             ok = "met" if r <= 1.02 else "NOT met"
             parts.append(f"loopback gradient_allreduce/DDP step {r:.3f} (paired blocks {paired:.3f}; target <=1.02: {ok})")
-            for a, b in (("gradient_allreduce-25MB", "ddp"), ("gradient_allreduce", "ddp-10MB"),
-                         ("gradient_allreduce-25MB", "ddp-10MB")):
+            for a, b in (("gradient_allreduce-10MB", "ddp"), ("gradient_allreduce", "ddp-10MB"),
+                         ("gradient_allreduce-10MB", "ddp-10MB")):
                 if a in vs and b in vs:
                     rr = vs[a]["step_s"] / vs[b]["step_s"]
                     key[f"{a}_over_{b}"] = rr
@@ -543,7 +545,8 @@ def key_summary(jobs: list[dict[str, Any]], gpu: Optional[dict[str, Any]]) -> tu
 _COLORS = {
     "ddp": "black", "ddp-fp16": "dimgray", "gradient_allreduce": "tab:blue", "bytegrad": "tab:red",
     "decentralized": "tab:green", "low_precision_decentralized": "tab:olive", "async": "tab:purple",
-    "qadam": "tab:orange", "ddp-10MB": "silver", "gradient_allreduce-25MB": "tab:cyan",
+    "qadam": "tab:orange", "ddp-10MB": "silver", "gradient_allreduce-10MB": "tab:cyan",
+    "bytegrad-10MB": "tab:pink",
 }
 
 

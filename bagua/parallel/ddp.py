@@ -31,7 +31,7 @@ from ..comm import BaguaProcessGroup, Bucket, Engine
 from ..optim.fused import gradient_home
 
 
-DEFAULT_BUCKET_SIZE_BYTES = 10 * 1024 * 1024
+DEFAULT_BUCKET_SIZE_BYTES = 25 * 1024 * 1024  # torch DDP's default
 
 
 class DistributedDataParallel(torch.nn.Module):
@@ -178,15 +178,13 @@ class DistributedDataParallel(torch.nn.Module):
         self.step += 1
 
     def _repair_gradients(self) -> None:
-        """Put every gradient back into its bucket view, or its fused optimizer's flat buffer
-        (``zero_grad()`` sets grads to None by default; a user may also assign ``.grad``): then
-        backward accumulates into the flat buffer again."""
+        """Put an assigned gradient (``p.grad = t``) back into its bucket view, or its fused
+        optimizer's flat buffer, so backward accumulates there. A gradient set to None by
+        ``zero_grad()`` stays None: backward makes a fresh one and the gradient hook copies it
+        into the view (one copy, cheaper than zeroing the view for backward to add into)."""
         for name, view in self._grad_view.items():
             p = self._params[name]
-            if p.grad is None:
-                view.zero_()
-                p.grad = view
-            elif p.grad.data_ptr() != view.data_ptr():
+            if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
                 view.copy_(p.grad)
                 p.grad = view
 
@@ -194,7 +192,7 @@ class DistributedDataParallel(torch.nn.Module):
         def hook(param: torch.Tensor) -> None:
             view = self._grad_view.get(name)
             if view is not None and param.grad.data_ptr() != view.data_ptr():
-                view.copy_(param.grad)  # backward without our forward after zero_grad(set_to_none)
+                view.copy_(param.grad)  # a fresh gradient (after zero_grad(set_to_none=True))
                 param.grad = view
             if not self._callback_queued:
                 self._callback_queued = True
@@ -244,15 +242,25 @@ class DistributedDataParallel(torch.nn.Module):
                         f"find_unused_parameters=True if parts of the model are skipped on purpose"
                     )
                 for name in unused:  # their gradient counts as zero this step
-                    view = self._grad_view.get(name)
-                    if view is not None and self._params[name].grad is not view:
-                        self._params[name].grad = view
+                    self._use_view_as_gradient(name)
                     self.mark_ready(name)
             if self._marked:
                 self.engine.wait()
         finally:
             self._marked.clear()
         self.impl.on_backward_end(self)
+
+    def _use_view_as_gradient(self, name: str) -> None:
+        """Make the view the gradient of a parameter backward did not reach: zeros if its
+        gradient was None, else what it held (e.g. accumulated in earlier backward passes)."""
+        view, p = self._grad_view.get(name), self._params[name]
+        if view is None or p.grad is view:
+            return
+        if p.grad is None:
+            view.zero_()
+        elif p.grad.data_ptr() != view.data_ptr():
+            view.copy_(p.grad)
+        p.grad = view
 
     def _drain_engine(self) -> None:
         try:

@@ -112,6 +112,47 @@ def test_find_unused_parameters_trains_and_leaves_unused_ones_alone():
     assert torch.equal(unused_a, _TwoHeads().unused_head.weight.detach())
 
 
+class _SkippableBranch(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body, self.branch = torch.nn.Linear(12, 3), torch.nn.Linear(12, 3)
+
+    def forward(self, x, use_branch: bool):
+        return self.body(x) + (self.branch(x) if use_branch else 0)
+
+
+def _gradients_after_set_to_none(rank: int):
+    model = _SkippableBranch()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ddp = bagua.DistributedDataParallel(model, [opt], find_unused_parameters=True)
+    (x, y), = rank_batches(rank, 1)
+    grads = []
+    for use_branch, backward_passes in ((True, 1), (False, 1), (True, 2)):
+        opt.zero_grad(set_to_none=True)
+        for _ in range(backward_passes):  # two passes: gradients accumulate
+            torch.nn.functional.cross_entropy(ddp(x, use_branch), y).backward()
+        flat = ddp.buckets[0].flat
+        in_bucket = all(
+            flat.data_ptr() <= p.grad.data_ptr() < flat.data_ptr() + flat.nbytes for p in model.parameters()
+        )
+        grads.append((in_bucket, [p.grad.clone() for p in model.parameters()]))
+    return grads
+
+
+def test_gradients_after_zero_grad_set_to_none_land_in_the_buckets_and_skipped_ones_are_zero():
+    rank0, rank1 = run_ranks(_gradients_after_set_to_none, 2)
+    for (_, a), (_, b) in zip(rank0, rank1):
+        assert all(torch.equal(ga, gb) for ga, gb in zip(a, b))
+    (used_ok, used), (skipped_ok, skipped), (twice_ok, twice) = rank0
+    assert used_ok and skipped_ok and twice_ok
+    body_w, _, branch_w, branch_b = skipped
+    assert torch.count_nonzero(branch_w) == 0 and torch.count_nonzero(branch_b) == 0  # not step 1's values
+    assert torch.count_nonzero(body_w) > 0
+    for once, accumulated in zip(used, twice):  # no optimizer step: same weights, same batch
+        torch.testing.assert_close(accumulated, 2 * once)
+
+
 def _peer_dies(rank: int):
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
