@@ -8,8 +8,8 @@ the same gathered bytes — its own chunk included — all ranks end with bit-id
 
 Speed on slow links: the tensor is cut into segments of 1M elements, each reduced this way on
 its own and pipelined (while one segment's results travel, the next one is decoded, reduced
-and encoded), and both exchanges are posted as tagged point-to-point messages of at most
-512 KB, sends and receives interleaved. With Gloo's own alltoall and allgather a 16 MB fp16
+and encoded); both exchanges are tagged point-to-point messages of at most 512 KB, and every
+receive is posted before the first send (see ``_Segment``). With Gloo's own alltoall and allgather a 16 MB fp16
 allreduce over a 100 Mbit/s link took 1.42 s, as if the link were half-duplex; posted in
 pieces 0.85 s; MinMaxUInt8, pieces and segments: 0.43 s against 1.41 s for fp32
 (benchmarks/RESULTS.md; ``benchmarks/p2p_pieces.py`` times piece sizes).
@@ -24,7 +24,6 @@ Example::
 
 from __future__ import annotations
 
-import itertools
 import zlib
 from typing import Callable, Optional, Union
 
@@ -70,20 +69,15 @@ def _pieces(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return torch.split(tensor, per_piece)
 
 
-def _exchange(
-    pg: BaguaProcessGroup, outgoing: Callable[[int], torch.Tensor], incoming: Callable[[int], torch.Tensor], tag: int
-) -> _Requests:
-    """Post, for every other member ``j`` of ``pg`` (group rank), sends of ``outgoing(j)`` to it
-    and receives of ``incoming(j)`` from it, in pieces, all at once, under message ``tag``."""
-    ops = []
-    for j, peer in enumerate(pg.ranks):
-        if j == pg.rank:
-            continue
-        sends = [dist.P2POp(dist.isend, piece, peer, group=pg.group, tag=tag) for piece in _pieces(outgoing(j))]
-        recvs = [dist.P2POp(dist.irecv, piece, peer, group=pg.group, tag=tag) for piece in _pieces(incoming(j))]
-        # interleaved, so both directions of the link carry data from the first piece on
-        ops += [op for pair in itertools.zip_longest(sends, recvs) for op in pair if op is not None]
-    return _Requests(dist.batch_isend_irecv(ops) if ops else [])
+def _post(post: Callable, buffer: torch.Tensor, peer: int, pg: BaguaProcessGroup, tag: int) -> list:
+    """``post`` (``dist.isend`` or ``dist.irecv``) ``buffer`` to/from global rank ``peer`` in
+    pieces, under message ``tag``; returns the works."""
+    return [post(piece, peer, group=pg.group, tag=tag) for piece in _pieces(buffer)]
+
+
+def _post_all(post: Callable, buffer_for: Callable[[int], torch.Tensor], pg: BaguaProcessGroup, tag: int) -> list:
+    """``_post`` ``buffer_for(j)`` for every other member ``j`` of ``pg`` (group rank)."""
+    return [work for j, peer in enumerate(pg.ranks) if j != pg.rank for work in _post(post, buffer_for(j), peer, pg, tag)]
 
 
 def _decode_rows(codec: Codec, wire: torch.Tensor, rows: int, chunk: int, out: torch.Tensor) -> torch.Tensor:
@@ -126,12 +120,14 @@ def compressed_allreduce(
     # Segments are reduced independently and pipelined: while one segment's results travel,
     # the next one's are decoded, reduced and encoded, and the link never idles between phases.
     segments = [_Segment(part, codec, pg, tag=2 * k) for k, part in enumerate(torch.split(flat, _SEGMENT_ELEMS))]
+    for seg in segments:
+        seg.send_chunks()
     traffic.record("compressed_allreduce", sum(2 * (w - 1) * seg.send[0].nbytes for seg in segments))
 
     def finish() -> None:
         with _named_errors(what):
-            for k, seg in enumerate(segments):
-                seg.reduce_and_share(_REDUCERS[op], tag=2 * k + 1)
+            for seg in segments:
+                seg.reduce_and_share(_REDUCERS[op])
             result = torch.cat([seg.result() for seg in segments])
         if not torch.isfinite(result).all():
             raise ValueError(
@@ -145,35 +141,46 @@ def compressed_allreduce(
 
 
 class _Segment:
-    """One stretch of the tensor, scatter-reduce-gathered on its own: encoding it posts its
-    chunks to their ranks (phase 1); ``reduce_and_share`` reduces this rank's chunk and posts
-    the result to every rank (phase 2); ``result`` decodes all of them."""
+    """One stretch of the tensor, scatter-reduce-gathered on its own.
+
+    Gloo sends a message only once the receiver has announced the matching receive, and that
+    announcement queues behind whatever the receiver is already sending: over a slow, busy
+    link it arrives late and the sender idles. So every receive of both phases is posted first
+    (``__init__``); then ``send_chunks`` encodes the chunks and sends each to its rank (phase 1),
+    ``reduce_and_share`` reduces this rank's chunk and sends the result to every rank
+    (phase 2), and ``result`` decodes all of them."""
 
     def __init__(self, part: torch.Tensor, codec: Codec, pg: BaguaProcessGroup, tag: int):
         w, n = pg.size, part.numel()
-        self.codec, self.pg, self.n = codec, pg, n
+        self.codec, self.pg, self.n, self.tag = codec, pg, n, tag
         self.chunk = -(-n // w)
         if n < w * self.chunk:  # repeat the last value: padding never widens a chunk's range
             part = torch.cat([part, part[-1:].expand(w * self.chunk - n)])
+        self.rows = part.view(w, self.chunk)
         wire_len = codec.wire_numel(self.chunk)
         self.send = torch.empty((w, wire_len), dtype=codec.wire_dtype, device=part.device)
         self.received = torch.empty_like(self.send)
-        rows = part.view(w, self.chunk)
-        order = [j for j in range(w) if j != pg.rank] + [pg.rank]  # what leaves first is encoded first
-        for j in order:
-            self.send[j].copy_(codec.encode(rows[j], check_finite=False).data)
-        self.received[pg.rank].copy_(self.send[pg.rank])
-        self.phase1 = _exchange(pg, lambda j: self.send[j], lambda j: self.received[j], tag)
+        self.gathered = torch.empty_like(self.send)
+        self.phase1 = _post_all(dist.irecv, lambda j: self.received[j], pg, tag)
+        self.phase2 = _post_all(dist.irecv, lambda j: self.gathered[j], pg, tag + 1)
 
-    def reduce_and_share(self, reduce: Callable[[torch.Tensor], torch.Tensor], tag: int) -> None:
+    def send_chunks(self) -> None:
+        rank = self.pg.rank
+        for j in [j for j in range(self.pg.size) if j != rank] + [rank]:  # what leaves first is encoded first
+            self.send[j].copy_(self.codec.encode(self.rows[j], check_finite=False).data)
+            if j != rank:
+                self.phase1 += _post(dist.isend, self.send[j], self.pg.ranks[j], self.pg, self.tag)
+        self.received[rank].copy_(self.send[rank])
+        self.phase1 = _Requests(self.phase1)
+
+    def reduce_and_share(self, reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
         w = self.pg.size
         self.phase1.wait()
         self.parts = torch.empty((w, self.chunk), dtype=torch.float32, device=self.send.device)
         reduced = reduce(_decode_rows(self.codec, self.received, w, self.chunk, self.parts))
         mine = self.codec.encode(reduced, check_finite=False).data.contiguous()
-        self.gathered = torch.empty_like(self.send)
         self.gathered[self.pg.rank].copy_(mine)
-        self.phase2 = _exchange(self.pg, lambda j: mine, lambda j: self.gathered[j], tag)
+        self.phase2 = _Requests(self.phase2 + _post_all(dist.isend, lambda _: mine, self.pg, self.tag + 1))
 
     def result(self) -> torch.Tensor:
         self.phase2.wait()
