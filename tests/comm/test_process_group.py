@@ -1,5 +1,7 @@
 """init_process_group: ranks, sizes, and the intra-/inter-node groups (two nodes simulated)."""
 
+import os
+
 import torch
 
 import bagua
@@ -86,3 +88,25 @@ def test_world_of_one_without_torchrun(monkeypatch):
     finally:
         bagua.destroy_process_group()
     assert not bagua.is_initialized() and not dist.is_initialized()
+
+
+def _gloo_threads_after_destroy(rank: int) -> tuple:
+    import sys
+
+    dynamo_before_init = "torch._dynamo" in sys.modules
+    bagua.init_process_group()
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)  # the first optimizer imports torch._dynamo
+    bagua.comm.allreduce(model.weight.data)
+    opt.step()
+    bagua.destroy_process_group()
+    threads = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+    return dynamo_before_init, [name for name in threads if "gloo" in name]
+
+
+def test_destroy_process_group_stops_gloo_threads_even_after_an_optimizer_was_built():
+    # Gloo threads alive at interpreter exit can abort the process while they drop a finished
+    # collective ("terminate called without an active exception").
+    for dynamo_before_init, gloo_threads in run_ranks(_gloo_threads_after_destroy, 2, init=False):
+        assert not dynamo_before_init, "torch._dynamo was imported before init: this test checks nothing"
+        assert gloo_threads == []
