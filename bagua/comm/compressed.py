@@ -161,17 +161,16 @@ class _Segment:
         self.send = torch.empty((w, wire_len), dtype=codec.wire_dtype, device=part.device)
         self.received = torch.empty_like(self.send)
         self.gathered = torch.empty_like(self.send)
-        self.phase1 = _post_all(dist.irecv, lambda j: self.received[j], pg, tag)
-        self.phase2 = _post_all(dist.irecv, lambda j: self.gathered[j], pg, tag + 1)
+        self.phase1 = _Requests(_post_all(dist.irecv, lambda j: self.received[j], pg, tag))
+        self.phase2 = _Requests(_post_all(dist.irecv, lambda j: self.gathered[j], pg, tag + 1))
 
     def send_chunks(self) -> None:
         rank = self.pg.rank
         for j in [j for j in range(self.pg.size) if j != rank] + [rank]:  # what leaves first is encoded first
             self.send[j].copy_(self.codec.encode(self.rows[j], check_finite=False).data)
             if j != rank:
-                self.phase1 += _post(dist.isend, self.send[j], self.pg.ranks[j], self.pg, self.tag)
+                self.phase1.works += _post(dist.isend, self.send[j], self.pg.ranks[j], self.pg, self.tag)
         self.received[rank].copy_(self.send[rank])
-        self.phase1 = _Requests(self.phase1)
 
     def reduce_and_share(self, reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
         w = self.pg.size
@@ -180,7 +179,7 @@ class _Segment:
         reduced = reduce(_decode_rows(self.codec, self.received, w, self.chunk, self.parts))
         mine = self.codec.encode(reduced, check_finite=False).data.contiguous()
         self.gathered[self.pg.rank].copy_(mine)
-        self.phase2 = _Requests(self.phase2 + _post_all(dist.isend, lambda _: mine, self.pg, self.tag + 1))
+        self.phase2.works += _post_all(dist.isend, lambda _: mine, self.pg, self.tag + 1)
 
     def result(self) -> torch.Tensor:
         self.phase2.wait()

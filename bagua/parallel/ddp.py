@@ -184,16 +184,14 @@ class DistributedDataParallel(torch.nn.Module):
         into the view (one copy, cheaper than zeroing the view for backward to add into)."""
         for name, view in self._grad_view.items():
             p = self._params[name]
-            if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
-                view.copy_(p.grad)
-                p.grad = view
+            if p.grad is not None:
+                _gradient_into(p, view)
 
     def _make_grad_hook(self, name: str):
         def hook(param: torch.Tensor) -> None:
             view = self._grad_view.get(name)
-            if view is not None and param.grad.data_ptr() != view.data_ptr():
-                view.copy_(param.grad)  # a fresh gradient (after zero_grad(set_to_none=True))
-                param.grad = view
+            if view is not None:
+                _gradient_into(param, view)  # a fresh gradient (after zero_grad(set_to_none=True))
             if not self._callback_queued:
                 self._callback_queued = True
                 torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
@@ -254,13 +252,13 @@ class DistributedDataParallel(torch.nn.Module):
         """Make the view the gradient of a parameter backward did not reach: zeros if its
         gradient was None, else what it held (e.g. accumulated in earlier backward passes)."""
         view, p = self._grad_view.get(name), self._params[name]
-        if view is None or p.grad is view:
+        if view is None:
             return
         if p.grad is None:
             view.zero_()
-        elif p.grad.data_ptr() != view.data_ptr():
-            view.copy_(p.grad)
-        p.grad = view
+            p.grad = view
+        else:
+            _gradient_into(p, view)
 
     def _drain_engine(self) -> None:
         try:
@@ -288,6 +286,14 @@ class DistributedDataParallel(torch.nn.Module):
 
     def __repr__(self) -> str:
         return f"bagua.DistributedDataParallel({self.algorithm!r}, {len(self.buckets)} buckets)\n  {self.module!r}"
+
+
+def _gradient_into(p: torch.Tensor, view: torch.Tensor) -> None:
+    """Make ``view`` (a bucket view or a fused optimizer's flat slot) ``p``'s gradient, copying
+    ``p.grad`` (not None) into it unless it already lives there."""
+    if p.grad.data_ptr() != view.data_ptr():
+        view.copy_(p.grad)
+        p.grad = view
 
 
 def _parse_entries(text: bytes) -> list:

@@ -1,6 +1,7 @@
 """init_process_group: ranks, sizes, and the intra-/inter-node groups (two nodes simulated)."""
 
 import os
+import sys
 
 import torch
 
@@ -91,8 +92,6 @@ def test_world_of_one_without_torchrun(monkeypatch):
 
 
 def _gloo_threads_after_destroy(rank: int) -> tuple:
-    import sys
-
     dynamo_before_init = "torch._dynamo" in sys.modules
     bagua.init_process_group()
     model = torch.nn.Linear(3, 2)
