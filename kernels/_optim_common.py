@@ -1,4 +1,4 @@
-"""Shared plumbing of the single-pass optimizer kernels (adam, sgd, lion): Triton import, launch
+"""Shared plumbing of the single-pass optimizer kernels (adam, sgd, lion): the Triton names, launch
 over a flat buffer (full blocks unmasked, the tail masked), the round-to-nearest-even store for
 bfloat16 and the cache-sized chunking of the torch references.
 
@@ -7,30 +7,16 @@ Private to ``bagua.kernels``; see :mod:`bagua.kernels.adam` for the public shape
 
 from __future__ import annotations
 
-import os
 from typing import Iterator
 
 import torch
 
-try:  # Triton is optional (the ``gpu`` extra): the references work without it.
-    import triton
-    import triton.language as tl
-except ImportError as _err:  # pragma: no cover - exercised only where triton is absent
-    triton = None
-    tl = None
-    TRITON_IMPORT_ERROR: ImportError | None = _err
-else:
-    TRITON_IMPORT_ERROR = None
+from ._triton import HAS_TRITON, TRITON_IMPORT_ERROR, device_guard, tl, triton, triton_interpreting  # noqa: F401
 
-HAS_TRITON = triton is not None
 BLOCK_SIZE = 2048  # elements per program: 16 per thread at 4 warps, 128-bit vector accesses
 NUM_WARPS = 4
 REF_CHUNK_ELEMS = 1 << 16  # reference: 256 KiB of fp32 per operand, the working set stays in L2
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def triton_interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
 def check_tensors(fn: str, named: dict[str, torch.Tensor | None]) -> int:
@@ -78,22 +64,6 @@ def launches(numel: int, block: int = BLOCK_SIZE) -> Iterator[tuple[int, int, bo
         yield nfull, 0, False
     if tail:
         yield 1, nfull * block, True
-
-
-class device_guard:
-    """Makes t's CUDA device current for a launch (a no-op for CPU tensors / the interpreter)."""
-
-    def __init__(self, t: torch.Tensor):
-        self._ctx = torch.cuda.device(t.device) if t.is_cuda else None
-
-    def __enter__(self):
-        if self._ctx is not None:
-            self._ctx.__enter__()
-
-    def __exit__(self, *exc):
-        if self._ctx is not None:
-            return self._ctx.__exit__(*exc)
-        return False
 
 
 def ref_chunks(numel: int, chunk: int | None = None) -> Iterator[slice]:

@@ -36,21 +36,15 @@ Example::
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
-logger = logging.getLogger(__name__)
+from ._triton import HAS_TRITON, tl, triton
+from ._triton import TRITON_IMPORT_ERROR as _TRITON_IMPORT_ERROR
+from ._triton import device_guard as _device_guard
+from ._triton import triton_interpreting as _triton_interpreting
 
-try:  # Triton is optional (the ``gpu`` extra): CPU paths work without it.
-    import triton
-    import triton.language as tl
-except ImportError as _err:  # pragma: no cover - exercised only where triton is absent
-    triton = None
-    tl = None
-    _TRITON_IMPORT_ERROR: ImportError | None = _err
-else:
-    _TRITON_IMPORT_ERROR = None
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -67,7 +61,6 @@ __all__ = [
 
 DEFAULT_BLOCK_SIZE = 1024
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-HAS_TRITON = triton is not None
 
 _FLT_MAX = 3.4028234663852886e38  # largest finite float32: cap of `inv` for denormal ranges
 _MAX_TRITON_BLOCK = 1 << 16  # one program holds a whole block in registers
@@ -471,10 +464,6 @@ if triton is not None:
             tl.store(out_ptr + offs, y_out)
 
 
-def _triton_interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-
-
 def _require_triton(t: torch.Tensor, block_size: int, fn: str) -> None:
     if triton is None:
         raise RuntimeError(
@@ -495,22 +484,6 @@ def _require_triton(t: torch.Tensor, block_size: int, fn: str) -> None:
 
 def _num_warps(block_size: int) -> int:
     return max(1, min(8, block_size // 256))
-
-
-class _device_guard:
-    """Makes t's CUDA device current for the launch (a no-op for CPU tensors / the interpreter)."""
-
-    def __init__(self, t: torch.Tensor):
-        self._ctx = torch.cuda.device(t.device) if t.is_cuda else None
-
-    def __enter__(self):
-        if self._ctx is not None:
-            self._ctx.__enter__()
-
-    def __exit__(self, *exc):
-        if self._ctx is not None:
-            return self._ctx.__exit__(*exc)
-        return False
 
 
 def _aligned8(codes: torch.Tensor, block_size: int) -> bool:
