@@ -97,3 +97,18 @@ def import_netns():
     finally:
         sys.path.pop(0)
     return netns
+
+
+def save_run(path: str, elapsed: float, failed: Sequence[str], key: dict[str, Any], **results: Any) -> None:
+    """Write one run's record (date, argv, time taken, failed jobs, key ratios, ``results``) as JSON.
+
+    Example::
+
+        save_run(".bench/comm.json", 240.0, [], {"uint8_speedup": 3.6}, jobs=jobs)
+    """
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record = {"date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:], "elapsed_s": elapsed,
+              "failed": list(failed), "key": key, **results}
+    out.write_text(json.dumps(record, indent=1))
+    print(f"\nwrote {out}")

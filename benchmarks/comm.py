@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or by torchrun
-from _jobs import fmt_bytes, import_netns, quantile, run_job, tx_bytes_reader  # noqa: E402
+from _jobs import fmt_bytes, import_netns, quantile, run_job, save_run, tx_bytes_reader  # noqa: E402
 
 logger = logging.getLogger("benchmarks.comm")
 
@@ -560,11 +560,7 @@ def report(jobs: list[dict[str, Any]], args: argparse.Namespace, failed: Sequenc
         print(f"\nFAILED or skipped: {', '.join(failed)}")
     lines, key_line, key = key_summary(merged)
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:], "elapsed_s": elapsed,
-                                   "failed": list(failed), "key": key, "jobs": jobs, "merged": merged}, indent=1))
-        print(f"\nwrote {out}")
+        save_run(args.out, elapsed, failed, key, jobs=jobs, merged=merged)
     if args.plot and not args.no_plot:
         plot(merged, Path(args.plot))
         print(f"wrote {args.plot}")
