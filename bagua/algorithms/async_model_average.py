@@ -57,7 +57,7 @@ class AsyncModelAverageImpl(AlgorithmImpl):
         self._pending: Optional[torch.Tensor] = None  # average - snapshot, not yet applied
 
     def init_operations(self, ddp, bucket: Bucket) -> None:
-        append_gradient_allreduce(bucket, self.process_group, average=True, hierarchical=False)
+        append_gradient_allreduce(bucket, self.process_group, average=True)
 
     def ready_on_backward(self, ddp) -> bool:
         return ddp.step <= self.warmup_steps

@@ -9,10 +9,14 @@ returned ``AlgorithmImpl`` through these hooks, in this order each step:
 ``tensors_to_communicate(ddp)``       once: the (name, tensor) pairs to put in buckets
 ``bucket_tensors(named, size_bytes)`` once: group them into buckets (default: by size and dtype)
 ``init_operations(ddp, bucket)``      once per bucket: append the ops the engine runs on it
-``on_forward_pre(ddp)``               every forward, before the module runs
+``on_forward_pre(ddp)``               every training forward (train mode, grad enabled, outside
+                                      ``no_sync()``), before the module runs
 ``on_tensor_ready(ddp, name, param)`` every parameter whose gradient was just accumulated
 ``on_backward_end(ddp)``              after backward, once the engine's ops finished
-``on_optimizer_step_pre/post(ddp)``   around every ``optimizer.step()`` of the wrapped optimizers
+``on_optimizer_step_pre(ddp)``        before each wrapped optimizer's update; with
+                                      ``step(closure)``, after the closure ran
+``on_optimizer_step_post(ddp)``       after each wrapped optimizer's ``step()``
+``on_weights_loaded(ddp)``            after ``load_state_dict`` of the wrapped module
 ====================================  ===========================================================
 
 ``ready_on_backward(ddp)`` tells the wrapper whether this step's buckets become ready through
@@ -53,8 +57,16 @@ class AlgorithmImpl:
     """The hooks the wrapper calls; the defaults communicate nothing.
 
     Args:
-        process_group: the ranks that train together.
+        process_group: the ranks that train together: a communicator of the wrapper's own, so
+            the user's collectives never interleave with the algorithm's.
     """
+
+    #: the algorithm works through the wrapped optimizers' ``step()``: wrapping without
+    #: ``optimizers=[...]`` is then an error instead of silently training something else
+    needs_optimizers: ClassVar[bool] = False
+    #: ``ddp.join()`` can shadow this algorithm's communication for ranks out of data (true of
+    #: algorithms whose whole step is the buckets' ops during backward)
+    supports_join: ClassVar[bool] = False
 
     def __init__(self, process_group: BaguaProcessGroup):
         self.process_group = process_group
@@ -62,9 +74,11 @@ class AlgorithmImpl:
     def tensors_to_communicate(self, ddp: "DistributedDataParallel") -> list[NamedTensor]:
         """The tensors to bucket, in the order backward is expected to produce them.
 
-        Default: the gradients of the parameters that require one, last layer first.
+        Default: the gradients of the parameters that require one, last layer first
+        (``ddp.gradient_slot(name)``: the tensor that becomes the bucket view backward
+        accumulates into, before any gradient exists).
         """
-        return [(name, p.grad) for name, p in reversed(ddp.named_trainable_parameters)]
+        return [(name, ddp.gradient_slot(name)) for name, _ in reversed(ddp.named_trainable_parameters)]
 
     def bucket_tensors(self, named: list[NamedTensor], bucket_size_bytes: int) -> list[list[NamedTensor]]:
         """Split ``named`` into consecutive groups of one dtype and device, each about
@@ -90,7 +104,8 @@ class AlgorithmImpl:
         return True
 
     def on_forward_pre(self, ddp: "DistributedDataParallel") -> None:
-        """Called before every forward of the wrapped module."""
+        """Called before every training forward of the wrapped module (not for forwards in
+        eval mode, under ``torch.no_grad()`` or inside ``ddp.no_sync()``)."""
 
     def on_tensor_ready(self, ddp: "DistributedDataParallel", name: str, param: torch.nn.Parameter) -> None:
         """Called when backward has accumulated ``param.grad``. Default: mark its bucket slot
@@ -102,10 +117,27 @@ class AlgorithmImpl:
         """Called after backward, once every launched bucket's ops have finished."""
 
     def on_optimizer_step_pre(self, ddp: "DistributedDataParallel") -> None:
-        """Called before ``optimizer.step()`` of each wrapped optimizer."""
+        """Called before each wrapped optimizer updates the weights: at ``step()``, or with
+        ``step(closure)`` once the closure (forward and backward) has run."""
 
     def on_optimizer_step_post(self, ddp: "DistributedDataParallel") -> None:
-        """Called after ``optimizer.step()`` of each wrapped optimizer."""
+        """Called after ``optimizer.step()`` of each wrapped optimizer (not when it raised)."""
+
+    def on_weights_loaded(self, ddp: "DistributedDataParallel") -> None:
+        """Called after ``load_state_dict`` replaced the wrapped module's weights (on every rank,
+        as a resume does): drop anything derived from the old weights."""
+
+    def broadcasts_buffers(self, ddp: "DistributedDataParallel") -> bool:
+        """Whether this step ends with rank 0's buffers broadcast (``broadcast_buffers=True``);
+        default yes. Algorithms whose ranks never wait for each other return False."""
+        return True
+
+    def state_dict(self) -> dict:
+        """What a checkpoint must hold to resume this algorithm exactly (default: nothing)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what ``state_dict()`` returned."""
 
     def close(self, ddp: "DistributedDataParallel") -> None:
         """Release background resources (threads); called by ``ddp.close()``."""

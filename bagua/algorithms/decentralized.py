@@ -22,12 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from ..comm import (
-    BaguaProcessGroup, Bucket, ReduceOp, allreduce, broadcast, get_inter_node_group,
-    get_intra_node_group, get_local_rank, recv, send,
-)
+from ..comm import BaguaProcessGroup, Bucket, ReduceOp, allreduce, broadcast, recv, send
 from .base import Algorithm, AlgorithmImpl, WeightCommunicationImpl, check_choice, check_positive_int
-from .gradient_allreduce import check_hierarchical_group
+from .gradient_allreduce import hierarchical_node_groups
 
 PEER_SELECTION_MODES = ("all", "shift_one")
 
@@ -61,8 +58,8 @@ def peer_average(tensor: torch.Tensor, group: BaguaProcessGroup, mode: str, comm
         return
     peer = group.ranks[shift_one_peer(group.rank, group.size, comm_step)]
     theirs = torch.empty_like(tensor)
-    handle = send(tensor, dst=peer, async_op=True)
-    recv(theirs, src=peer)
+    handle = send(tensor, dst=peer, async_op=True, group=group)
+    recv(theirs, src=peer, group=group)
     handle.wait()
     tensor.add_(theirs).mul_(0.5)
 
@@ -70,26 +67,21 @@ def peer_average(tensor: torch.Tensor, group: BaguaProcessGroup, mode: str, comm
 class DecentralizedImpl(WeightCommunicationImpl):
     def __init__(self, process_group: BaguaProcessGroup, hierarchical: bool, mode: str, interval: int):
         super().__init__(process_group, interval)
-        if hierarchical:
-            check_hierarchical_group(process_group)
-            self.peers = get_inter_node_group()
-            if mode == "shift_one":
-                check_shift_one(self.peers.size, "nodes")
-        else:
-            self.peers = process_group
-            if mode == "shift_one":
-                check_shift_one(process_group.size)
-        self.hierarchical, self.mode = hierarchical, mode
+        self.node_groups = hierarchical_node_groups(process_group) if hierarchical else None
+        self.peers = self.node_groups.inter if hierarchical else process_group
+        if mode == "shift_one":
+            check_shift_one(self.peers.size, "nodes" if hierarchical else "ranks")
+        self.mode = mode
         self.comm_steps = 0
         self._averaged: dict[int, torch.Tensor] = {}
 
     def init_operations(self, ddp, bucket: Bucket) -> None:
         def average_weights(b: Bucket) -> None:
             x = b.flat.clone()  # the weights at the start of this step's forward
-            if self.hierarchical:
-                intra = get_intra_node_group()
+            if self.node_groups is not None:
+                intra = self.node_groups.intra
                 allreduce(x, op=ReduceOp.AVG, group=intra)
-                if get_local_rank() == 0:
+                if self.node_groups.is_leader:
                     peer_average(x, self.peers, self.mode, self.comm_steps)
                 broadcast(x, src=intra.ranks[0], group=intra)
             else:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..comm import BaguaProcessGroup, Bucket, ReduceOp, allreduce, get_default_group
+from ..comm import BaguaProcessGroup, Bucket, NodeGroups, ReduceOp, allreduce, get_default_group, new_node_groups
 from ..comm.hierarchical import hierarchical_allreduce
 from .base import Algorithm, AlgorithmImpl
 
@@ -23,17 +23,25 @@ def append_gradient_allreduce(
     bucket: Bucket,
     process_group: BaguaProcessGroup,
     average: bool,
-    hierarchical: bool,
+    node_groups: Optional[NodeGroups] = None,
     compression: Optional[str] = None,
 ) -> None:
-    """Append to ``bucket`` an allreduce of its flat buffer: flat or hierarchical, exact or compressed."""
+    """Append to ``bucket`` an allreduce of its flat buffer: flat, or hierarchical over
+    ``node_groups``; exact or compressed."""
     op = ReduceOp.AVG if average else ReduceOp.SUM
-    if hierarchical:
-        bucket.append_op(lambda b: hierarchical_allreduce(b.flat, op=op, compression=compression),
+    if node_groups is not None:
+        bucket.append_op(lambda b: hierarchical_allreduce(b.flat, op=op, compression=compression, groups=node_groups),
                          f"hierarchical_allreduce[{compression or 'exact'}]")
     else:
         bucket.append_op(lambda b: allreduce(b.flat, op=op, group=process_group, compression=compression),
                          f"allreduce[{compression or 'exact'}]")
+
+
+def hierarchical_node_groups(process_group: BaguaProcessGroup) -> NodeGroups:
+    """Private node communicators for a hierarchical algorithm over ``process_group``, which
+    must hold the whole job (the node groups span it)."""
+    check_hierarchical_group(process_group)
+    return new_node_groups()
 
 
 def check_hierarchical_group(process_group: BaguaProcessGroup) -> None:
@@ -46,15 +54,16 @@ def check_hierarchical_group(process_group: BaguaProcessGroup) -> None:
 
 
 class GradientAllReduceImpl(AlgorithmImpl):
+    supports_join = True  # a step is the buckets' allreduces: a rank out of data shadows them with zeros
+
     def __init__(self, process_group: BaguaProcessGroup, hierarchical: bool, average: bool,
                  compression: Optional[str] = None):
         super().__init__(process_group)
-        if hierarchical:
-            check_hierarchical_group(process_group)
-        self.hierarchical, self.average, self.compression = hierarchical, average, compression
+        self.node_groups = hierarchical_node_groups(process_group) if hierarchical else None
+        self.average, self.compression = average, compression
 
     def init_operations(self, ddp, bucket: Bucket) -> None:
-        append_gradient_allreduce(bucket, self.process_group, self.average, self.hierarchical, self.compression)
+        append_gradient_allreduce(bucket, self.process_group, self.average, self.node_groups, self.compression)
 
 
 @Algorithm.register("gradient_allreduce")

@@ -22,6 +22,7 @@ from .collectives import (
     alltoall_v,
     barrier,
     broadcast,
+    broadcast_object,
     gather,
     recv,
     reduce,
@@ -34,8 +35,10 @@ from .compression import BF16, CODEC_NAMES, FP16, Codec, MinMaxUInt8, Payload, g
 from .engine import Engine, EngineError
 from .process_group import (
     BaguaProcessGroup,
+    NodeGroups,
     NotInitializedError,
     destroy_process_group,
+    from_torch_group,
     get_default_group,
     get_inter_node_group,
     get_intra_node_group,
@@ -46,15 +49,16 @@ from .process_group import (
     init_process_group,
     is_initialized,
     new_group,
+    new_node_groups,
 )
 from .traffic import bytes_sent, reset_traffic, traffic_by_kind
 
 __all__ = [
     "BF16", "CODEC_NAMES", "FP16", "BaguaProcessGroup", "Bucket", "Codec", "CollectiveError",
     "Engine", "EngineError", "Handle", "MinMaxUInt8", "NotInitializedError", "Payload", "ReduceOp",
-    "allgather", "allreduce", "alltoall", "alltoall_v", "barrier", "broadcast", "bytes_sent",
-    "compressed_allreduce", "destroy_process_group", "gather", "get_codec", "get_default_group",
+    "allgather", "allreduce", "alltoall", "alltoall_v", "barrier", "broadcast", "broadcast_object", "bytes_sent",
+    "compressed_allreduce", "destroy_process_group", "from_torch_group", "gather", "get_codec", "get_default_group",
     "get_inter_node_group", "get_intra_node_group", "get_local_rank", "get_local_size", "get_rank",
-    "get_world_size", "init_process_group", "is_initialized", "new_group", "recv", "reduce",
+    "get_world_size", "init_process_group", "is_initialized", "new_group", "new_node_groups", "NodeGroups", "recv", "reduce",
     "reduce_scatter", "reset_traffic", "scatter", "send", "traffic_by_kind",
 ]

@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import enum
+import io
 from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
@@ -456,33 +457,71 @@ def _check_peer(what: str, peer: int, name: str) -> None:
         raise ValueError(f"{what}: {name} is this rank ({peer}); a rank cannot send to itself")
 
 
-def send(tensor: torch.Tensor, dst: int, async_op: bool = False) -> Optional[Handle]:
-    """Send ``tensor`` to global rank ``dst`` (which must ``recv`` a tensor of the same size).
+def _point_to_point_group(what: str, tensor: object, group: Optional[BaguaProcessGroup], peer: int, name: str) -> BaguaProcessGroup:
+    pg = _group(group)
+    checks.check_tensor(what, tensor, pg)
+    _check_peer(what, peer, name)
+    if peer not in pg.ranks or dist.get_rank() not in pg.ranks:
+        raise ValueError(f"{what}: this rank and {name} must both be in the group (ranks {list(pg.ranks)})")
+    return pg
+
+
+def send(
+    tensor: torch.Tensor, dst: int, async_op: bool = False, group: Optional[BaguaProcessGroup] = None
+) -> Optional[Handle]:
+    """Send ``tensor`` to global rank ``dst`` (which must ``recv`` a tensor of the same size),
+    over ``group`` (default: all ranks; both ends must be in it).
 
     Example::
 
         bagua.comm.send(t, dst=1) if rank == 0 else bagua.comm.recv(t, src=0)
     """
-    pg = get_default_group()
     what = f"bagua.comm.send({checks.describe(tensor) if isinstance(tensor, torch.Tensor) else '?'} to {dst})"
-    checks.check_tensor(what, tensor, pg)
-    _check_peer(what, dst, "dst")
+    pg = _point_to_point_group(what, tensor, group, dst, "dst")
     traffic.record("send", tensor.nbytes)
-    return _run(what, lambda: dist.isend(tensor, dst), None, async_op)
+    return _run(what, lambda: dist.isend(tensor, dst, group=pg.group), None, async_op)
 
 
-def recv(tensor: torch.Tensor, src: int, async_op: bool = False) -> Optional[Handle]:
-    """Receive into ``tensor`` from global rank ``src``, in place.
+def recv(
+    tensor: torch.Tensor, src: int, async_op: bool = False, group: Optional[BaguaProcessGroup] = None
+) -> Optional[Handle]:
+    """Receive into ``tensor`` from global rank ``src``, in place, over ``group`` (default: all ranks).
 
     Example::
 
         buf = torch.empty(10); bagua.comm.recv(buf, src=0)
     """
-    pg = get_default_group()
     what = f"bagua.comm.recv({checks.describe(tensor) if isinstance(tensor, torch.Tensor) else '?'} from {src})"
-    checks.check_tensor(what, tensor, pg)
-    _check_peer(what, src, "src")
-    return _run(what, lambda: dist.irecv(tensor, src), None, async_op)
+    pg = _point_to_point_group(what, tensor, group, src, "src")
+    return _run(what, lambda: dist.irecv(tensor, src, group=pg.group), None, async_op)
+
+
+def broadcast_object(obj: Any, src: int = 0, group: Optional[BaguaProcessGroup] = None) -> Any:
+    """``src``'s ``obj`` on every rank (anything ``torch.save`` can write: tensors come back on
+    the CPU). Every rank calls it; ``obj`` is read on ``src`` only.
+
+    Example::
+
+        state = bagua.comm.broadcast_object(opt.state_dict() if rank == 0 else None, src=0)
+    """
+    pg = _group(group)
+    checks.check_root("bagua.comm.broadcast_object", src, pg, "src")
+    if pg.size == 1:
+        return obj
+    if dist.get_rank() == src:
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+        size = torch.tensor([payload.numel()], dtype=torch.int64)
+    else:
+        size = torch.zeros(1, dtype=torch.int64)
+    broadcast(size, src=src, group=pg)
+    if dist.get_rank() != src:
+        payload = torch.empty(int(size), dtype=torch.uint8)
+    broadcast(payload, src=src, group=pg)
+    if dist.get_rank() == src:
+        return obj
+    return torch.load(io.BytesIO(payload.numpy().tobytes()), map_location="cpu", weights_only=False)
 
 
 def barrier(group: Optional[BaguaProcessGroup] = None, async_op: bool = False) -> Optional[Handle]:

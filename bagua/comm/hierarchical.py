@@ -19,13 +19,14 @@ import torch
 
 from .collectives import ReduceOp, allreduce, as_reduce_op, broadcast, reduce
 from .compression import Codec
-from .process_group import get_intra_node_group, get_inter_node_group, get_local_rank
+from .process_group import NodeGroups, get_inter_node_group, get_intra_node_group, get_local_rank
 
 
 def hierarchical_allreduce(
     tensor: torch.Tensor,
     op: Union[ReduceOp, str] = ReduceOp.AVG,
     compression: Optional[Union[str, Codec]] = None,
+    groups: Optional[NodeGroups] = None,
 ) -> None:
     """Allreduce ``tensor`` in place over all ranks in three steps (SUM or AVG).
 
@@ -33,14 +34,18 @@ def hierarchical_allreduce(
         tensor: the same shape and dtype on every rank.
         op: ``SUM`` or ``AVG``.
         compression: codec for the inter-node step (the intra-node steps stay exact).
+        groups: the node communicators to use (default: the job's, from ``init_process_group``;
+            ``bagua.comm.new_node_groups()`` makes private ones).
     """
     op = as_reduce_op(op)
     if op not in (ReduceOp.SUM, ReduceOp.AVG):
         raise ValueError(f"hierarchical_allreduce supports SUM and AVG, got {op.name}")
-    intra, inter = get_intra_node_group(), get_inter_node_group()
+    if groups is None:
+        groups = NodeGroups(get_intra_node_group(), get_inter_node_group(), get_local_rank() == 0)
+    intra, inter = groups.intra, groups.inter
     leader = intra.ranks[0]
     reduce(tensor, dst=leader, op=ReduceOp.SUM, group=intra)
-    if get_local_rank() == 0:
+    if groups.is_leader:
         allreduce(tensor, op=op, group=inter, compression=compression)
         if op == ReduceOp.AVG and intra.size > 1:
             tensor.div_(intra.size)

@@ -288,7 +288,9 @@ def get_inter_node_group() -> BaguaProcessGroup:
 
 
 def new_group(ranks: list[int]) -> BaguaProcessGroup:
-    """A new communicator over the given global ranks. Every rank must call it, with the same list.
+    """A new communicator over the given global ranks. Every rank in ``ranks`` must call it,
+    with the same list, in the same order relative to its other ``new_group`` calls; other
+    ranks need not call it.
 
     Example::
 
@@ -301,7 +303,57 @@ def new_group(ranks: list[int]) -> BaguaProcessGroup:
         raise ValueError(f"ranks must be distinct global ranks in [0, {world}), got {ranks}")
     # Always a communicator of its own, even for all ranks: collectives on it never interleave
     # with those of other groups (a background thread may own it).
-    return BaguaProcessGroup(tuple(ranks), dist.new_group(ranks), state.global_group.backend)
+    group = dist.new_group(ranks, use_local_synchronization=True)
+    return BaguaProcessGroup(tuple(ranks), group, state.global_group.backend)
+
+
+def from_torch_group(group: "dist.ProcessGroup") -> BaguaProcessGroup:
+    """The ``BaguaProcessGroup`` of a ``torch.distributed`` process group (e.g. one a torch DDP
+    user already made with ``torch.distributed.new_group``).
+
+    Example::
+
+        pg = bagua.comm.from_torch_group(torch.distributed.new_group([0, 1]))
+    """
+    state = _require_state("bagua.comm.from_torch_group()")
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(
+            f"process_group must be a bagua.comm.BaguaProcessGroup or a torch.distributed.ProcessGroup, "
+            f"got {type(group).__name__}"
+        )
+    ranks = tuple(dist.get_process_group_ranks(group))
+    if ranks == state.global_group.ranks and group is dist.group.WORLD:
+        return state.global_group
+    return BaguaProcessGroup(ranks, group, state.global_group.backend)
+
+
+@dataclass(frozen=True)
+class NodeGroups:
+    """Private intra-node and inter-node communicators for hierarchical algorithms: ``intra``
+    links the ranks of this machine, ``inter`` the ranks of every machine with this local rank
+    (the node leaders when ``is_leader``)."""
+
+    intra: BaguaProcessGroup
+    inter: BaguaProcessGroup
+    is_leader: bool
+
+
+def new_node_groups() -> NodeGroups:
+    """New intra-node and inter-node communicators of this rank, for the whole job (every rank
+    calls it), so that one hierarchical algorithm's traffic never interleaves with another's.
+
+    Example::
+
+        groups = bagua.comm.new_node_groups()
+        hierarchical_allreduce(grads, groups=groups)
+    """
+    state = _require_state("bagua.comm.new_node_groups()")
+    rank, local = dist.get_rank(), state.local_size
+    node_ranks = [rank - state.local_rank + l for l in range(local)]
+    peers = [n * local + state.local_rank for n in range(dist.get_world_size() // local)]
+    intra = new_group(node_ranks) if len(node_ranks) > 1 else state.intra_node_group
+    inter = new_group(peers) if len(peers) > 1 else state.inter_node_group
+    return NodeGroups(intra, inter, state.local_rank == 0)
 
 
 def _collective_checks_enabled() -> bool:

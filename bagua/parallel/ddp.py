@@ -1,10 +1,14 @@
 """DistributedDataParallel: wrap a model in one line; an Algorithm decides how ranks communicate.
 
-At wrap time the wrapper checks that every rank holds the same parameter names and shapes,
-broadcasts parameters and buffers from rank 0, lets the algorithm pick and bucket the tensors
-it communicates (gradients become views of the buckets' flat buffers), and hooks into the
-training loop: module forward, each parameter's gradient accumulation, the end of backward,
-and each wrapped optimizer's ``step()``. The loop itself stays the user's.
+At wrap time the wrapper makes a communicator of its own (the user's collectives never
+interleave with its traffic), checks that every rank holds the same model, broadcasts
+parameters, buffers and optimizer state from the first rank, lets the algorithm pick and bucket
+the tensors it communicates (gradients become views of the buckets' flat buffers), and hooks
+into the training loop: training forwards, each parameter's gradient accumulation, the end of
+backward, and each wrapped optimizer's ``step()``. The loop itself stays the user's, with torch
+DDP's semantics: ``no_sync()`` for accumulation, evaluation forwards that only run the module,
+``broadcast_buffers``, ``find_unused_parameters`` leaving globally unused gradients None,
+``join()`` for uneven inputs and ``register_comm_hook``.
 
 Example::
 
@@ -19,19 +23,22 @@ Example::
 
 from __future__ import annotations
 
-import ast
-import zlib
-from typing import Any, Iterable, Optional, Sequence, Union
+import contextlib
+import weakref
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import torch
+from torch.utils._pytree import tree_flatten
 
 from .. import comm
 from ..algorithms.base import Algorithm, AlgorithmImpl, resolve
-from ..comm import BaguaProcessGroup, Bucket, Engine
+from ..comm import Bucket, Engine
 from ..optim.fused import gradient_home
+from . import comm_hook, join as _join
+from .state_sync import BufferBroadcast, broadcast_tensors, check_same_model, sync_optimizer_states
+from .torch_options import DEFAULT_BUCKET_SIZE_BYTES, TorchOptions, resolve_process_group, torch_options
 
-
-DEFAULT_BUCKET_SIZE_BYTES = 25 * 1024 * 1024  # torch DDP's default
+__all__ = ["DEFAULT_BUCKET_SIZE_BYTES", "DistributedDataParallel", "with_bagua"]
 
 
 class DistributedDataParallel(torch.nn.Module):
@@ -40,17 +47,26 @@ class DistributedDataParallel(torch.nn.Module):
     Args:
         module: the model; every rank builds the same one.
         optimizers: the optimizers that step the module's parameters (algorithms such as
-            async and decentralized hook their ``step()``).
+            low_precision_decentralized work through their ``step()``).
         algorithm: an ``Algorithm`` or a registered name (see
             ``bagua.algorithms.registered_names()``).
-        process_group: the ranks that train together (default: all).
-        bucket_size_bytes: target size of one communication bucket.
-        find_unused_parameters: allow parameters that get no gradient in a step (their
-            gradient counts as zero); when False such a parameter is a clear error.
+        process_group: the ranks that train together (default: all): a ``BaguaProcessGroup``
+            or a ``torch.distributed`` group. The wrapper talks on a new communicator over them.
+        bucket_size_bytes: target size of one communication bucket (or torch's ``bucket_cap_mb``).
+        find_unused_parameters: allow parameters that get no gradient in a step: they count as
+            zero in the average, and one no rank used keeps its gradient (None stays None);
+            when False such a parameter is a clear error.
+        broadcast_buffers: every training step ends with the first rank's buffers (BatchNorm
+            statistics) on every rank, in one message per dtype.
+        init_sync: broadcast parameters, buffers and optimizer state at wrap time (default).
 
-    ``.module`` is the wrapped model. ``bytes_sent_last_step`` is what this rank sent in the
-    last complete step (from one forward to the next); ``bytes_sent_this_step`` since the
-    current forward.
+    torch DDP's other keyword arguments are accepted with torch's meaning (``device_ids``,
+    ``output_device``, ``dim``, ``bucket_cap_mb``, ``gradient_as_bucket_view``,
+    ``static_graph``, ``forward_sync_buffers``, ...; see ``bagua.parallel.torch_options``).
+
+    ``.module`` is the wrapped model; ``state_dict()`` has torch DDP's ``module.`` prefix.
+    ``bytes_sent_last_step`` is what this rank sent in the last complete step;
+    ``bytes_sent_this_step`` since the current training forward began.
     """
 
     def __init__(
@@ -58,117 +74,141 @@ class DistributedDataParallel(torch.nn.Module):
         module: torch.nn.Module,
         optimizers: Sequence[torch.optim.Optimizer] = (),
         algorithm: Union[Algorithm, str] = "gradient_allreduce",
-        process_group: Optional[BaguaProcessGroup] = None,
-        bucket_size_bytes: int = DEFAULT_BUCKET_SIZE_BYTES,
+        process_group: Any = None,
+        bucket_size_bytes: Optional[int] = None,
         find_unused_parameters: bool = False,
+        broadcast_buffers: Optional[bool] = None,
+        init_sync: bool = True,
+        **torch_ddp_kwargs: Any,
     ):
         super().__init__()
-        if not isinstance(module, torch.nn.Module):
-            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        options = torch_options(module, optimizers, bucket_size_bytes, broadcast_buffers, torch_ddp_kwargs)
+        _check_module(module)
         if isinstance(optimizers, torch.optim.Optimizer):
             optimizers = [optimizers]
-        for opt in optimizers:
-            if not isinstance(opt, torch.optim.Optimizer):
-                raise TypeError(f"optimizers must be torch.optim.Optimizer instances, got {type(opt).__name__}")
-        if not isinstance(bucket_size_bytes, int) or bucket_size_bytes < 1:
-            raise ValueError(f"bucket_size_bytes must be a positive integer, got {bucket_size_bytes!r}")
         if not comm.is_initialized():
             raise comm.NotInitializedError(
                 "bagua.DistributedDataParallel needs a process group: call bagua.init_process_group() first"
             )
         self.module = module
-        self.optimizers = list(optimizers)
-        self.algorithm = resolve(algorithm)
-        self.process_group = process_group or comm.get_default_group()
-        self.find_unused_parameters = find_unused_parameters
         self.named_trainable_parameters = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        if not self.named_trainable_parameters:
+            raise RuntimeError(
+                "bagua.DistributedDataParallel is not needed when a module doesn't have any parameter "
+                "that requires a gradient (as torch DDP says); nothing would be communicated"
+            )
         self._params = dict(self.named_trainable_parameters)
-        self.step = 0  # forward passes so far (training steps)
+        self.optimizers = _checked_optimizers(optimizers, self._params.values())
+        self.algorithm = resolve(algorithm)
+        self.process_group = resolve_process_group(process_group)
+        # A communicator of its own: the user's collectives (logging, Lightning's sync_dist) on the
+        # default group never interleave with the wrapper's traffic, in flight or in background.
+        self.comm_group = comm.new_group(list(self.process_group.ranks))
+        self.find_unused_parameters = bool(find_unused_parameters)
+        self.broadcast_buffers = options.broadcast_buffers
+        self.options: TorchOptions = options
+        self.step = 0  # training forwards so far (training steps)
         self.bytes_sent_last_step = 0
         self._step_start_bytes = 0
+        self._src = self.comm_group.ranks[0]
 
-        self._check_same_model_on_all_ranks()
-        self._broadcast_from_rank0(list(module.parameters()) + list(module.buffers()))
-        for p in self._params.values():
-            if p.grad is None:  # a fused optimizer's flat gradient buffer, if it has one for p
-                p.grad = self._gradient_home(p)
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
+        check_same_model(module, self.comm_group)
+        if init_sync:
+            tensors = list(module.parameters()) + (list(module.buffers()) if options.init_sync_buffers else [])
+            broadcast_tensors(tensors, self.comm_group, self._src)
+            sync_optimizer_states(self.optimizers, self.comm_group, self._src)
 
-        self.impl: AlgorithmImpl = self.algorithm.reify(self.process_group)
+        self.impl: AlgorithmImpl = self.algorithm.reify(self.comm_group)
+        if self.impl.needs_optimizers and not self.optimizers:
+            raise ValueError(
+                f"algorithm {self.algorithm!r} works through the optimizer's step(): pass it, "
+                f"bagua.DistributedDataParallel(model, optimizers=[opt], algorithm=...)"
+            )
+        self._gradient_slots: dict[str, torch.Tensor] = {}
+        self._build_buckets(options.bucket_size_bytes)
+        self._buffer_broadcast = BufferBroadcast(module, self.comm_group) if self.broadcast_buffers else None
+
+        self._require_sync = True   # False inside no_sync()
+        self._sync_backward = False  # whether the running backward communicates (set by forward)
+        self._marked: set[str] = set()
+        self._used: set[str] = set()  # parameters that got a gradient since the last synced backward
+        self._callback_queued = False
+        self._join: Optional[_join.JoinState] = None
+        self._comm_hook: Optional[Callable] = None
+        self._closed = False
+        self._hooks = [p.register_post_accumulate_grad_hook(self._make_grad_hook(n)) for n, p in self.named_trainable_parameters]
+        for opt in self.optimizers:
+            self._hooks.append(opt.register_step_pre_hook(self._step_pre_hook))
+            self._hooks.append(opt.register_step_post_hook(lambda *_: self.impl.on_optimizer_step_post(self)))
+        self._hooks.append(module.register_load_state_dict_post_hook(lambda *_: self.impl.on_weights_loaded(self)))
+        module._bagua_wrapper = weakref.ref(self)
+
+    # --- buckets ------------------------------------------------------------------------------
+    def gradient_slot(self, name: str) -> torch.Tensor:
+        """The tensor that becomes parameter ``name``'s gradient view in a bucket: its current
+        gradient if it has one, else its slot in a fused optimizer's flat gradient buffer, else
+        zeros. The parameter's ``.grad`` is left as it is (None stays None until backward)."""
+        p = self._params[name]
+        slot = p.grad if p.grad is not None else self._gradient_home(p)
+        if slot is None:
+            slot = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        self._gradient_slots[name] = slot
+        return slot
+
+    def _build_buckets(self, bucket_size_bytes: int) -> None:
         named = self.impl.tensors_to_communicate(self)
-        groups = self.impl.bucket_tensors(named, bucket_size_bytes)
+        groups = [group for group in self.impl.bucket_tensors(named, bucket_size_bytes) if group]
         self.buckets = [
             Bucket([t for _, t in group], name=f"bucket{i}[{group[0][0]}..{group[-1][0]}]")
-            for i, group in enumerate(groups) if group
+            for i, group in enumerate(groups)
         ]
-        self._bucket_names = [[name for name, _ in group] for group in groups if group]
+        self._bucket_names = [[name for name, _ in group] for group in groups]
         self._slot = {name: (b, i) for b, group in enumerate(groups) for i, (name, _) in enumerate(group)}
-        self._grad_view = {
-            name: self.buckets[b].views[i] for name, (b, i) in self._slot.items()
-            if self._params.get(name) is not None and self._params[name].grad is self.buckets[b].tensors[i]
-        }
-        for name, p in self.named_trainable_parameters:  # weight algorithms + a fused optimizer
+        # where each gradient lives: its bucket view, or (weight algorithms) a fused optimizer's slot
+        self._grad_view: dict[str, torch.Tensor] = {}
+        for name, (b, i) in self._slot.items():
+            if name in self._gradient_slots and self.buckets[b].tensors[i] is self._gradient_slots[name]:
+                self._grad_view[name] = self.buckets[b].views[i]
+        for name, p in self.named_trainable_parameters:
             home = self._gradient_home(p)
             if name not in self._grad_view and home is not None:
                 self._grad_view[name] = home
         for bucket in self.buckets:
             self.impl.init_operations(self, bucket)
-        self.engine = Engine(self.buckets, group=self.process_group)
-
-        self._marked: set[str] = set()
-        self._callback_queued = False
-        self._hooks = [p.register_post_accumulate_grad_hook(self._make_grad_hook(n)) for n, p in self.named_trainable_parameters]
-        for opt in self.optimizers:
-            self._hooks.append(opt.register_step_pre_hook(lambda *_: self.impl.on_optimizer_step_pre(self)))
-            self._hooks.append(opt.register_step_post_hook(lambda *_: self._after_optimizer_step()))
-
-    # --- wrap-time checks ------------------------------------------------------------------
-    def _check_same_model_on_all_ranks(self) -> None:
-        """Compare parameter/buffer names, shapes and dtypes across ranks before any
-        collective on them, so a mismatch is a clear error rather than a hang or a crash."""
-        entries = [(n, tuple(t.shape), str(t.dtype)) for n, t in self.module.named_parameters()]
-        entries += [(n, tuple(t.shape), str(t.dtype)) for n, t in self.module.named_buffers()]
-        entries += [(n, "requires_grad") for n, _ in self.named_trainable_parameters]
-        mine = torch.tensor([len(entries), zlib.crc32(repr(entries).encode())], dtype=torch.int64)
-        table = comm.allgather(mine, group=self.process_group).view(-1, 2).tolist()
-        if all(row == table[0] for row in table):
-            return
-        names = torch.tensor(list(repr(entries).encode()), dtype=torch.uint8)
-        sizes = comm.allgather(torch.tensor([names.numel()]), group=self.process_group).tolist()
-        padded = torch.zeros(max(sizes), dtype=torch.uint8)
-        padded[: names.numel()] = names
-        everyone = comm.allgather(padded, group=self.process_group).view(len(sizes), -1)
-        reference = set(_parse_entries(bytes(everyone[0][: sizes[0]].tolist())))
-        lines = []
-        for rank, (row, size) in zip(self.process_group.ranks, zip(everyone, sizes)):
-            theirs = set(_parse_entries(bytes(row[:size].tolist())))
-            if theirs != reference:
-                extra, missing = sorted(theirs - reference, key=repr)[:3], sorted(reference - theirs, key=repr)[:3]
-                lines.append(f"rank {rank}: has {extra} that rank {self.process_group.ranks[0]} lacks, lacks {missing}")
-        raise ValueError(
-            "bagua.DistributedDataParallel: the model differs across ranks (parameter/buffer names, "
-            "shapes, dtypes or requires_grad); every rank must build the same model. "
-            + "; ".join(lines)
-        )
+        self.engine = Engine(self.buckets, group=self.comm_group)
 
     def _gradient_home(self, p: torch.Tensor) -> Optional[torch.Tensor]:
         """Where a fused optimizer keeps ``p``'s gradient in its flat buffer (None if nowhere)."""
         homes = (gradient_home(opt, p) for opt in self.optimizers)
         return next((h for h in homes if h is not None), None)
 
-    def _broadcast_from_rank0(self, tensors: list[torch.Tensor]) -> None:
-        src = self.process_group.ranks[0]
-        with torch.no_grad():
-            for t in tensors:
-                comm.broadcast(t.data, src=src, group=self.process_group)
+    def names_in(self, bucket: Bucket) -> list[str]:
+        """The names (parameter names) of ``bucket``'s tensors, in bucket order."""
+        return self._bucket_names[next(i for i, b in enumerate(self.buckets) if b is bucket)]
 
-    # --- the training loop's hooks ---------------------------------------------------------
+    def named_parameter(self, name: str) -> torch.nn.Parameter:
+        """The trainable parameter called ``name``."""
+        return self._params[name]
+
+    # --- forward ------------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.options.device is not None:
+            args, kwargs = _to_device((args, kwargs), self.options.device)
+        if not (self.module.training and torch.is_grad_enabled()):
+            return self.module(*args, **kwargs)  # evaluation: the module only, no step, no traffic
+        if not self._require_sync:
+            self._sync_backward = False  # inside no_sync(): backward accumulates locally
+            return self.module(*args, **kwargs)
         self._begin_step()
-        return self.module(*args, **kwargs)
+        return self._watch_backward_start(self.module(*args, **kwargs))
 
     def _begin_step(self) -> None:
+        if self._closed:
+            raise RuntimeError("this bagua.DistributedDataParallel was closed; wrap the module again to train it")
+        if self._marked or self._callback_queued or self.engine.launched:
+            self.reset()  # the previous backward raised before it ended
+        if self._join is not None:
+            self._join.notify_active()
         now = comm.bytes_sent()
         if self.step:
             self.bytes_sent_last_step = now - self._step_start_bytes
@@ -176,6 +216,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._repair_gradients()
         self.impl.on_forward_pre(self)
         self.step += 1
+        self._sync_backward = True
 
     def _repair_gradients(self) -> None:
         """Put an assigned gradient (``p.grad = t``) back into its bucket view, or its fused
@@ -187,25 +228,33 @@ class DistributedDataParallel(torch.nn.Module):
             if p.grad is not None:
                 _gradient_into(p, view)
 
-    def _make_grad_hook(self, name: str):
+    def _watch_backward_start(self, output: Any) -> Any:
+        """Queue the end-of-backward callback from the outputs' gradient hooks: they run in the
+        outermost backward, so a nested one (reentrant activation checkpointing) cannot end the
+        step early. Tensors are returned as they are (a hook, no copy)."""
+        tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+        for t in tensors:
+            t.register_hook(self._queue_end_of_backward)
+        return output
+
+    def _queue_end_of_backward(self, grad: Optional[torch.Tensor] = None) -> None:
+        if not self._callback_queued and self._sync_backward:
+            self._callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+
+    # --- backward -----------------------------------------------------------------------------
+    def _make_grad_hook(self, name: str) -> Callable[[torch.Tensor], None]:
         def hook(param: torch.Tensor) -> None:
             view = self._grad_view.get(name)
             if view is not None:
                 _gradient_into(param, view)  # a fresh gradient (after zero_grad(set_to_none=True))
-            if not self._callback_queued:
-                self._callback_queued = True
-                torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            self._used.add(name)
+            if not self._sync_backward:
+                return  # inside no_sync(), or a backward of no training forward
+            self._queue_end_of_backward()  # backward reached the parameter without the outputs
             self.impl.on_tensor_ready(self, name, param)
 
         return hook
-
-    def names_in(self, bucket: Bucket) -> list[str]:
-        """The names (parameter names) of ``bucket``'s tensors, in bucket order."""
-        return self._bucket_names[next(i for i, b in enumerate(self.buckets) if b is bucket)]
-
-    def named_parameter(self, name: str) -> torch.nn.Parameter:
-        """The trainable parameter called ``name``."""
-        return self._params[name]
 
     def mark_ready(self, name: str) -> None:
         """Declare the bucketed tensor ``name`` ready for this step (algorithms call this)."""
@@ -229,7 +278,9 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _end_of_backward(self) -> None:
         self._callback_queued = False
+        self._sync_backward = False
         try:
+            unused: list[str] = []
             if self.impl.ready_on_backward(self):
                 unused = [n for n in self._slot if n not in self._marked]
                 if unused and not self.find_unused_parameters:
@@ -239,26 +290,66 @@ class DistributedDataParallel(torch.nn.Module):
                         f"step ({', '.join(unused[:5])}{', ...' if len(unused) > 5 else ''}); pass "
                         f"find_unused_parameters=True if parts of the model are skipped on purpose"
                     )
-                for name in unused:  # their gradient counts as zero this step
-                    self._use_view_as_gradient(name)
+                for name in unused:  # they count as zero (or as what they accumulated) this step
+                    self._contribute_unused(name)
                     self.mark_ready(name)
             if self._marked:
                 self.engine.wait()
+            if self.find_unused_parameters and self.impl.ready_on_backward(self):
+                self._adopt_averaged_gradients(unused)
         finally:
             self._marked.clear()
+        self._finish_synced_step()
+
+    def _finish_synced_step(self) -> None:
+        """What ends every synced step after the buckets: buffers, then the algorithm's own end."""
+        self._used.clear()
+        if self._join is not None:
+            self._join.scale_gradients()
+        if self._buffer_broadcast and self.impl.broadcasts_buffers(self):
+            src = self._src if self._join is None else self._join.authoritative_rank()
+            self._buffer_broadcast.broadcast(src)
         self.impl.on_backward_end(self)
 
-    def _use_view_as_gradient(self, name: str) -> None:
-        """Make the view the gradient of a parameter backward did not reach: zeros if its
-        gradient was None, else what it held (e.g. accumulated in earlier backward passes)."""
+    def _shadow_step(self) -> None:
+        """One step of the others, shadowed by a rank whose data ran out (``join()``): zero
+        gradients into every bucket, then what ends a synced step."""
+        with torch.no_grad():
+            for bucket in self.buckets:
+                bucket.flat.zero_()
+        self.mark_all_ready()
+        try:
+            self.engine.wait()
+            if self.find_unused_parameters:
+                self._adopt_averaged_gradients(list(self._slot))
+        finally:
+            self._marked.clear()
+        self._finish_synced_step()
+
+    def _contribute_unused(self, name: str) -> None:
+        """A parameter this backward did not reach contributes its gradient as it is (what it
+        accumulated inside ``no_sync()``), or zeros when it has none; its ``.grad`` stays as it
+        is until the ranks agree whether anyone used it."""
         view, p = self._grad_view.get(name), self._params[name]
         if view is None:
             return
         if p.grad is None:
             view.zero_()
-            p.grad = view
         else:
             _gradient_into(p, view)
+
+    def _adopt_averaged_gradients(self, locally_unused: list[str]) -> None:
+        """After the buckets: a parameter some rank used gets the averaged gradient; one no rank
+        used keeps its gradient untouched (None stays None), as with torch DDP."""
+        if self.comm_group.size == 1:
+            return
+        names = list(self._slot)
+        used = torch.tensor([name in self._used for name in names], dtype=torch.int32)
+        comm.allreduce(used, op=comm.ReduceOp.MAX, group=self.comm_group)
+        unused = set(locally_unused)
+        for name, anyone in zip(names, used.tolist()):
+            if anyone and name in unused and name in self._grad_view:
+                self._params[name].grad = self._grad_view[name]
 
     def _drain_engine(self) -> None:
         try:
@@ -268,8 +359,89 @@ class DistributedDataParallel(torch.nn.Module):
         finally:
             self._marked.clear()
 
-    def _after_optimizer_step(self) -> None:
-        self.impl.on_optimizer_step_post(self)
+    def reset(self) -> None:
+        """Abandon a step whose backward raised (a skipped out-of-memory batch): wait for the
+        buckets it already launched, and forget what it marked ready. The next training forward
+        does this by itself; call it directly to recover without another forward.
+
+        Example::
+
+            try:
+                loss.backward()
+            except torch.OutOfMemoryError:
+                model.reset(); opt.zero_grad(); continue
+        """
+        self._drain_engine()
+        self._callback_queued = False
+        self._sync_backward = False
+        self._used.clear()
+
+    # --- the optimizer's step -------------------------------------------------------------------
+    def _step_pre_hook(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict):
+        # torch passes step()'s own arguments, the optimizer first: (optimizer, closure?)
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if closure is None:
+            self.impl.on_optimizer_step_pre(self)
+            return None
+        ran = []
+
+        def closure_then_pre_step():
+            loss = closure()
+            if not ran:  # once per step, after the closure's forward and backward (LBFGS calls it often)
+                ran.append(True)
+                self.impl.on_optimizer_step_pre(self)
+            return loss
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": closure_then_pre_step}
+        return (args[0], closure_then_pre_step, *args[2:]), kwargs
+
+    # --- torch DDP's methods ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally: backward inside communicates nothing; the first synced
+        backward after it communicates the accumulated gradients (torch DDP's ``no_sync``).
+        Forwards inside are not steps for weight-communicating algorithms either.
+
+        Example::
+
+            with model.no_sync():
+                loss_fn(model(x0), y0).backward()     # local only
+            loss_fn(model(x1), y1).backward()         # one allreduce of the sum
+            opt.step()
+        """
+        previous, self._require_sync = self._require_sync, False
+        try:
+            yield
+        finally:
+            self._require_sync = previous
+
+    def join(
+        self, divide_by_initial_world_size: bool = True, enable: bool = True, throw_on_early_termination: bool = False
+    ) -> contextlib.AbstractContextManager:
+        """Train on uneven inputs (torch DDP's ``join``): a rank that runs out of data shadows
+        the others' collectives until every rank is done, then every rank takes the model,
+        buffers and optimizer state of the last rank to finish. See ``bagua.parallel.join``.
+
+        Example::
+
+            with model.join():
+                for x, y in my_shard:            # shards of different lengths
+                    ...
+        """
+        return _join.join(self, divide_by_initial_world_size, enable, throw_on_early_termination)
+
+    def register_comm_hook(self, state: Any, hook: Callable) -> None:
+        """Replace the gradient allreduce of each bucket by ``hook(state, bucket)`` (a
+        ``torch.distributed.GradBucket``), returning a future of the reduced buffer, as with
+        torch DDP; only for ``gradient_allreduce``. See ``bagua.parallel.comm_hook``.
+
+        Example::
+
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        """
+        comm_hook.register(self, state, hook)
 
     @property
     def bytes_sent_this_step(self) -> int:
@@ -278,14 +450,59 @@ class DistributedDataParallel(torch.nn.Module):
 
     # --- housekeeping ------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop the algorithm's background work and remove the hooks (idempotent)."""
+        """Stop the algorithm's background work and remove the hooks (idempotent); the module
+        may then be wrapped again, e.g. with another algorithm."""
+        if self._closed:
+            return
+        self._closed = True
         self.impl.close(self)
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()
+        if getattr(self.module, "_bagua_wrapper", lambda: None)() is self:
+            del self.module._bagua_wrapper
 
     def __repr__(self) -> str:
         return f"bagua.DistributedDataParallel({self.algorithm!r}, {len(self.buckets)} buckets)\n  {self.module!r}"
+
+
+def _check_module(module: Any) -> None:
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    if isinstance(module, (DistributedDataParallel, torch.nn.parallel.DistributedDataParallel)):
+        raise ValueError(
+            f"module is already a {type(module).__module__}.{type(module).__name__}: wrapping it again would "
+            f"communicate every gradient twice; wrap the inner module (.module) instead"
+        )
+    wrapper = getattr(module, "_bagua_wrapper", lambda: None)()
+    if wrapper is not None and not wrapper._closed:
+        raise ValueError(
+            "this module is already wrapped by a bagua.DistributedDataParallel (algorithm "
+            f"{wrapper.algorithm!r}); wrapping it again would stack two algorithms. To switch, call "
+            "close() on the old wrapper first (it removes its hooks and stops its threads)"
+        )
+
+
+def _checked_optimizers(optimizers: Iterable[Any], params: Iterable[torch.Tensor]) -> list[torch.optim.Optimizer]:
+    mine = {id(p) for p in params}
+    checked = []
+    for index, opt in enumerate(optimizers):
+        if not isinstance(opt, torch.optim.Optimizer):
+            hint = " (torch DDP's device_ids? pass it by keyword: device_ids=[...])" if isinstance(opt, (int, torch.device)) else ""
+            raise TypeError(f"optimizers must be torch.optim.Optimizer instances, got {type(opt).__name__}{hint}")
+        if not any(id(p) in mine for group in opt.param_groups for p in group["params"]):
+            raise ValueError(
+                f"optimizers[{index}] ({type(opt).__name__}) holds none of the module's trainable parameters; "
+                f"build it from the wrapped module's parameters (model.parameters())"
+            )
+        checked.append(opt)
+    return checked
+
+
+def _to_device(tree: Any, device: torch.device) -> Any:
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda t: t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t, tree)
 
 
 def _gradient_into(p: torch.Tensor, view: torch.Tensor) -> None:
@@ -294,11 +511,6 @@ def _gradient_into(p: torch.Tensor, view: torch.Tensor) -> None:
     if p.grad.data_ptr() != view.data_ptr():
         view.copy_(p.grad)
         p.grad = view
-
-
-def _parse_entries(text: bytes) -> list:
-    """Parse the repr of a list of tuples of str/int/tuples (no code runs: literal_eval)."""
-    return [tuple(e) if isinstance(e, list) else e for e in ast.literal_eval(text.decode())]
 
 
 def with_bagua(

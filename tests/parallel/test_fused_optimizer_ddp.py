@@ -24,13 +24,15 @@ def _fused_vs_torch_ddp(rank: int, algorithm: str):
     model = make_model(seed=rank)
     opt = bagua.optim.fuse_optimizer(torch.optim.Adam(model.parameters(), lr=0.01))  # fuse first...
     ddp = bagua.DistributedDataParallel(model, [opt], algorithm=algorithm)           # ...then wrap
-    grad_storage = {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
-    shared = all(b.flat.untyped_storage().data_ptr() in grad_storage for b in ddp.buckets)
+    assert all(p.grad is None for p in model.parameters())  # no gradient before the first backward
+    grad_storage = set()
     for x, y in batches:
         for m, o, step in ((ddp_ref, ref_opt, ref_opt.step), (ddp, opt, opt.fuse_step)):
             o.zero_grad()
             torch.nn.functional.cross_entropy(m(x), y).backward()
             step()
+        grad_storage |= {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
+    shared = all(b.flat.untyped_storage().data_ptr() in grad_storage for b in ddp.buckets)
     return flat_params(reference), flat_params(model), shared, len(grad_storage)
 
 
