@@ -95,9 +95,9 @@ class LowPrecisionDecentralizedImpl(WeightCommunicationImpl):
     @torch.no_grad()
     def _take_replicas(self, ddp) -> None:
         """Replicas = the current weights: this rank's own, and its neighbours' (full precision)."""
+        if not self.neighbours:
+            return
         for bucket in ddp.buckets:
-            if not self.neighbours:
-                continue
             received = self._swap(bucket.flat)
             n = bucket.flat.numel()
             self._states[id(bucket)] = _RingState(
