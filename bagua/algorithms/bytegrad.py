@@ -5,6 +5,11 @@ Each bucket is allreduced by the MinMaxUInt8 scatter-reduce-gather of ``bagua.co
 quantization error of the exact average. ``hierarchical=True`` reduces exactly within each
 node and compresses only across nodes.
 
+Gradients that overflow (NaN or Inf, e.g. under a loss scale grown too large) on any rank come
+out non-finite on every rank, in the codec blocks that held them: ``torch.amp.GradScaler`` then
+skips the step on every rank and lowers its scale. (The codec's per-block min and max mark such
+a block, so the finite case costs nothing extra.)
+
 Example::
 
     model = bagua.DistributedDataParallel(model, [opt], algorithm="bytegrad")

@@ -95,6 +95,12 @@ class DecentralizedImpl(WeightCommunicationImpl):
         if self.communicating:
             ddp.mark_all_ready()  # the ops copy the weights, then exchange while forward runs
 
+    def state_dict(self) -> dict:
+        return {"comm_steps": self.comm_steps}  # shift_one's peer schedule
+
+    def load_state_dict(self, state: dict) -> None:
+        self.comm_steps = int(state["comm_steps"])
+
     def on_backward_end(self, ddp) -> None:
         if not self.communicating:
             return

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..comm import BaguaProcessGroup, Bucket, NodeGroups, ReduceOp, allreduce, get_default_group, new_node_groups
+from ..comm import (
+    BaguaProcessGroup, Bucket, NodeGroups, ReduceOp, allreduce, compressed_allreduce, get_default_group, new_node_groups,
+)
 from ..comm.hierarchical import hierarchical_allreduce
 from .base import Algorithm, AlgorithmImpl
 
@@ -27,14 +29,22 @@ def append_gradient_allreduce(
     compression: Optional[str] = None,
 ) -> None:
     """Append to ``bucket`` an allreduce of its flat buffer: flat, or hierarchical over
-    ``node_groups``; exact or compressed."""
+    ``node_groups``; exact or compressed.
+
+    NaN and Inf come out on every rank, compressed or not (as an exact allreduce gives them), so
+    that a loss scaler (``torch.amp.GradScaler``) sees an overflow on any rank and skips the step
+    on all of them."""
     op = ReduceOp.AVG if average else ReduceOp.SUM
     if node_groups is not None:
-        bucket.append_op(lambda b: hierarchical_allreduce(b.flat, op=op, compression=compression, groups=node_groups),
+        bucket.append_op(lambda b: hierarchical_allreduce(b.flat, op=op, compression=compression, groups=node_groups,
+                                                          nonfinite="propagate"),
                          f"hierarchical_allreduce[{compression or 'exact'}]")
+    elif compression is not None:
+        bucket.append_op(lambda b: compressed_allreduce(b.flat, op=op, codec=compression, group=process_group,
+                                                        nonfinite="propagate"),
+                         f"allreduce[{compression}]")
     else:
-        bucket.append_op(lambda b: allreduce(b.flat, op=op, group=process_group, compression=compression),
-                         f"allreduce[{compression or 'exact'}]")
+        bucket.append_op(lambda b: allreduce(b.flat, op=op, group=process_group), "allreduce[exact]")
 
 
 def hierarchical_node_groups(process_group: BaguaProcessGroup) -> NodeGroups:

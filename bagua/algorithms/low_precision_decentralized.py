@@ -1,20 +1,27 @@
 """low_precision_decentralized: decentralized SGD on a ring where only 8-bit differences travel.
 
 The update is DCD-PSGD (Tang, Gan, Zhang, Zhang, Liu: "Communication Compression for
-Decentralized Training", NeurIPS 2018) on a ring. Every rank i keeps exact replicas
-x̂_j of its neighbours' weights (and x̂_i, its own weights as the neighbours know them);
-they stay exact because every rank applies the very same decoded messages. On a
-communication step (every ``communication_interval`` steps):
+Decentralized Training", NeurIPS 2018) on a ring, as the original Bagua runs it. Every rank i
+keeps exact replicas x̂_j of its ring neighbours' weights and x̂_i of its own (its weights as the
+neighbours know them); they stay exact because every rank applies the very same decoded
+messages. A communication step (every ``communication_interval`` steps) runs after the optimizer
+step, which has turned the weights into x_{t+½} = x_t − lr·g_i(x_t):
 
-1. after backward, before the optimizer:  x ← w_i·x + Σ_j w_j·x̂_j  (ring mixing; w = 1/3 for
-   self, left and right; 1/2 and 1/2 with two ranks),
-2. the optimizer applies the local gradient g_i(x_t):  x_{t+½} = mix − lr·g_i(x_t),
-3. z = x_{t+½} − x̂_i is MinMaxUInt8-encoded and sent to both neighbours; every rank decodes
-   C(z) and sets x ← x̂_i + C(z), x̂_i ← x, and x̂_j ← x̂_j + C(z_j) for each neighbour j.
+1. z = x_{t+½} + ⅓·x̂_left + ⅓·x̂_right − ⁵⁄₃·x̂_i
+     = (x_{t+½} − x̂_i) + (⅓·(x̂_left + x̂_i + x̂_right) − x̂_i):
+   the local progress since the last communication plus the ring mixing's correction,
+2. z is MinMaxUInt8-encoded and sent to both neighbours; every rank decodes C(z) and sets
+   x̂_i ← x̂_i + C(z), x ← x̂_i, and x̂_j ← x̂_j + C(z_j) for each neighbour j.
 
-Between communication steps the optimizer trains locally; the next communication step sends
-the whole drift since the last one. With ``hierarchical=True`` the ranks of a node average
-exactly (before mixing and after the optimizer step) and the node leaders form the ring.
+The weights are ⅓ for self, left and right; with two ranks left and right are the same rank,
+which then counts ⅔. Between communication steps the optimizer trains locally and the next
+communication step sends that progress whole. With ``hierarchical=True`` the ranks of a node
+average exactly after the optimizer step, the node leaders form the ring, and each leader
+broadcasts the result within its node.
+
+The replicas are taken exactly (full precision, one exchange with the neighbours) at the first
+training step, and again at the first step after the weights were changed outside a step
+(``on_weights_loaded``, which the wrapper calls after ``load_state_dict``).
 
 Example::
 
@@ -25,13 +32,12 @@ from __future__ import annotations
 
 import torch
 
-from ..comm import (
-    BaguaProcessGroup, Bucket, ReduceOp, allreduce, alltoall_v, broadcast, get_inter_node_group,
-    get_intra_node_group, get_local_rank,
-)
+from ..comm import BaguaProcessGroup, Bucket, ReduceOp, allreduce, alltoall_v, broadcast
 from ..comm.compression import MinMaxUInt8, Payload
 from .base import Algorithm, AlgorithmImpl, WeightCommunicationImpl, check_positive_int
-from .gradient_allreduce import check_hierarchical_group
+from .gradient_allreduce import hierarchical_node_groups
+
+_MIX = 1.0 / 3.0  # the ring's mixing weight of self, left and right
 
 
 def ring_neighbours(rank: int, size: int) -> list[int]:
@@ -40,65 +46,95 @@ def ring_neighbours(rank: int, size: int) -> list[int]:
 
 
 class _RingState:
-    """Replicas for one bucket: this rank's weights as the neighbours know them, and theirs."""
+    """Replicas for one bucket: this rank's weights as the neighbours know them (``own``), and
+    theirs (``peers``, by group rank)."""
 
-    def __init__(self, flat: torch.Tensor, neighbours: list[int]):
-        self.own = flat.clone()
-        self.peers = {j: flat.clone() for j in neighbours}
+    def __init__(self, own: torch.Tensor, peers: dict[int, torch.Tensor]):
+        self.own = own
+        self.peers = peers
 
 
 class LowPrecisionDecentralizedImpl(WeightCommunicationImpl):
+    needs_optimizers = True  # the replicas follow the optimizer's steps; without one they never move
+
     def __init__(self, process_group: BaguaProcessGroup, hierarchical: bool, interval: int):
         super().__init__(process_group, interval)
-        if hierarchical:
-            check_hierarchical_group(process_group)
-        self.hierarchical = hierarchical
-        self.ring = get_inter_node_group() if hierarchical else process_group
-        self.in_ring = not hierarchical or get_local_rank() == 0
-        self.neighbours = ring_neighbours(self.ring.rank, self.ring.size) if self.ring.size > 1 else []
-        self.weight = 1.0 / (1 + len(self.neighbours))
+        self.node_groups = hierarchical_node_groups(process_group) if hierarchical else None
+        self.ring = self.node_groups.inter if hierarchical else process_group
+        self.in_ring = not hierarchical or self.node_groups.is_leader
+        rank, size = self.ring.rank, self.ring.size
+        self.neighbours = ring_neighbours(rank, size) if self.in_ring else []
+        # left then right; with two ranks both are the other rank
+        self.sides = [(rank - 1) % size, (rank + 1) % size] if self.neighbours else []
         self.codec = MinMaxUInt8()
         self._states: dict[int, _RingState] = {}
+        self._stale = True  # replicas are taken at the first step
 
-    def init_operations(self, ddp, bucket: Bucket) -> None:
-        self._states[id(bucket)] = _RingState(bucket.flat, self.neighbours)
+    def on_weights_loaded(self, ddp) -> None:
+        """The weights changed outside a step (a checkpoint was loaded): take the replicas anew,
+        exactly, at the next training step. Called on every rank.
+
+        Example::
+
+            model.load_state_dict(checkpoint)
+            ddp.impl.on_weights_loaded(ddp)
+        """
+        self._stale = True
+
+    def on_forward_pre(self, ddp) -> None:
+        if self.communicating:  # the last communication step's optimizer step was skipped or raised
+            self._communicate(ddp)
+        super().on_forward_pre(ddp)
+        if self._stale:
+            self._take_replicas(ddp)
+            self._stale = False
 
     @torch.no_grad()
-    def on_backward_end(self, ddp) -> None:
-        if not self.communicating:
+    def _take_replicas(self, ddp) -> None:
+        """Replicas = the current weights: this rank's own, and its neighbours' (full precision)."""
+        if not self.neighbours:
             return
         for bucket in ddp.buckets:
-            self._node_average(bucket.flat)
-            if self.in_ring and self.neighbours:
-                state = self._states[id(bucket)]
-                mixed = bucket.flat * self.weight
-                for j in self.neighbours:
-                    mixed.add_(state.peers[j] * self.weight)
-                bucket.flat.copy_(mixed)
+            received = self._swap(bucket.flat)
+            n = bucket.flat.numel()
+            self._states[id(bucket)] = _RingState(
+                bucket.flat.clone(), {j: received[k * n:(k + 1) * n].clone() for k, j in enumerate(self.neighbours)}
+            )
 
-    @torch.no_grad()
     def on_optimizer_step_post(self, ddp) -> None:
-        if not self.communicating:
-            return
-        for bucket in ddp.buckets:
-            self._node_average(bucket.flat)
-            if self.in_ring and self.neighbours:
-                self._exchange(bucket)
-            if self.hierarchical:
-                intra = get_intra_node_group()
-                broadcast(bucket.flat, src=intra.ranks[0], group=intra)
-        self.communicating = False
+        if self.communicating:
+            self._communicate(ddp)
 
-    def _node_average(self, flat: torch.Tensor) -> None:
-        if self.hierarchical:
-            allreduce(flat, op=ReduceOp.AVG, group=get_intra_node_group())
+    @torch.no_grad()
+    def _communicate(self, ddp) -> None:
+        """The communication step's exchange: after the optimizer step, or at the next training
+        forward when this rank's step did not happen (GradScaler skipped it, or it raised), so
+        every rank still exchanges once per communication step and nobody waits forever."""
+        self.communicating = False
+        for bucket in ddp.buckets:
+            if self.node_groups is not None:
+                allreduce(bucket.flat, op=ReduceOp.AVG, group=self.node_groups.intra)
+            if self.neighbours:
+                self._exchange(bucket)
+            if self.node_groups is not None:
+                intra = self.node_groups.intra
+                broadcast(bucket.flat, src=intra.ranks[0], group=intra)
+
+    def _swap(self, data: torch.Tensor) -> torch.Tensor:
+        """Send ``data`` (1-D) to each neighbour; return theirs, end to end in ``self.neighbours`` order."""
+        n = data.numel()
+        splits = [n if j in self.neighbours else 0 for j in range(self.ring.size)]
+        return alltoall_v(data.repeat(len(self.neighbours)), splits, splits, group=self.ring)
 
     def _exchange(self, bucket: Bucket) -> None:
         state = self._states[id(bucket)]
-        mine = self.codec.encode(bucket.flat - state.own)
+        z = bucket.flat.clone()
+        for j in self.sides:
+            z.add_(state.peers[j], alpha=_MIX)
+        z.add_(state.own, alpha=_MIX - 2.0)  # z = (x - x̂_i) + (mixed replicas - x̂_i)
+        mine = self.codec.encode(z)
+        received = self._swap(mine.data)
         wire = mine.data.numel()
-        splits = [wire if j in self.neighbours else 0 for j in range(self.ring.size)]
-        received = alltoall_v(mine.data.repeat(len(self.neighbours)), splits, splits, group=self.ring)
         state.own.add_(self.codec.decode(mine))
         bucket.flat.copy_(state.own)
         for k, j in enumerate(self.neighbours):
@@ -109,6 +145,9 @@ class LowPrecisionDecentralizedImpl(WeightCommunicationImpl):
 @Algorithm.register("low_precision_decentralized")
 class LowPrecisionDecentralizedAlgorithm(Algorithm):
     """Decentralized SGD on a ring with 8-bit compressed weight differences (DCD-PSGD).
+
+    Needs the optimizers at wrap time (``DistributedDataParallel(model, [opt], ...)``): it
+    communicates after each of their steps.
 
     Args:
         hierarchical: average exactly within nodes; the ring connects node leaders.

@@ -14,8 +14,11 @@ allreduce over a 100 Mbit/s link took 1.42 s, as if the link were half-duplex; p
 pieces 0.85 s; MinMaxUInt8, pieces and segments: 0.43 s against 1.41 s for fp32
 (benchmarks/RESULTS.md; ``benchmarks/p2p_pieces.py`` times piece sizes).
 
-NaN or Inf on any rank travels through the encoding as a marker, so every rank raises
-the same ``ValueError`` at the end instead of one rank raising and the others hanging.
+NaN or Inf on any rank travels through the encoding as a marker (MinMaxUInt8: a NaN min/max,
+which the codec computes anyway), so every rank decodes the same non-finite values. By default
+every rank then raises the same ``ValueError`` instead of one rank raising and the others
+hanging; ``nonfinite="propagate"`` returns them instead, at no cost (the wrapper's gradient
+allreduce does this, so that a loss scaler sees the overflow on every rank and skips the step).
 
 Example::
 
@@ -93,11 +96,20 @@ def compressed_allreduce(
     codec: Union[str, Codec] = "minmax_uint8",
     group: Optional[BaguaProcessGroup] = None,
     async_op: bool = False,
+    *,
+    nonfinite: str = "raise",
 ) -> Optional[Handle]:
     """Allreduce ``tensor`` in place with every transmitted byte encoded by ``codec``.
 
     With ``async_op=True`` the first exchange runs in the background; the reduction and the
     second exchange run in ``Handle.wait()``.
+
+    Args:
+        nonfinite: when any rank's input holds NaN or Inf: ``"raise"`` a ValueError on every
+            rank, or ``"propagate"``: every rank gets the same result, non-finite (NaN, or Inf
+            with the cast codecs) wherever a rank had NaN or Inf in the same codec block
+            (MinMaxUInt8: the same 1024 elements of a rank's chunk), finite elsewhere. For
+            callers that check for overflow themselves, e.g. before a loss scaler's step.
 
     Example::
 
@@ -106,6 +118,7 @@ def compressed_allreduce(
     """
     op = as_reduce_op(op)
     codec = get_codec(codec)
+    check_nonfinite_choice(nonfinite)
     if isinstance(tensor, torch.Tensor) and not tensor.is_floating_point():
         raise TypeError(f"compressed allreduce needs a floating-point tensor, got {tensor.dtype}")
     what, pg = _prepare(
@@ -129,15 +142,27 @@ def compressed_allreduce(
             for seg in segments:
                 seg.reduce_and_share(_REDUCERS[op])
             result = torch.cat([seg.result() for seg in segments])
-        if not torch.isfinite(result).all():
-            raise ValueError(
-                f"{what}: the input holds NaN or Inf on at least one rank; the result would be "
-                f"garbage. Check for a diverging loss (lower the learning rate, clip gradients, "
-                f"or use a loss scaler with fp16)."
-            )
+        if nonfinite == "raise":
+            raise_if_nonfinite(what, result)
         tensor.copy_(result.view_as(tensor))
 
     return _run(what, lambda: _Requests([seg.phase1 for seg in segments]), finish, async_op)
+
+
+def check_nonfinite_choice(nonfinite: object) -> None:
+    """Raise a ValueError unless ``nonfinite`` is ``"raise"`` or ``"propagate"``."""
+    if nonfinite not in ("raise", "propagate"):
+        raise ValueError(f"nonfinite must be 'raise' or 'propagate', got {nonfinite!r}")
+
+
+def raise_if_nonfinite(what: str, result: torch.Tensor) -> None:
+    """The error of a compressed allreduce (``what``) whose ``result`` holds NaN or Inf."""
+    if not torch.isfinite(result).all():
+        raise ValueError(
+            f"{what}: the input holds NaN or Inf on at least one rank; the result would be "
+            f"garbage. Check for a diverging loss (lower the learning rate, clip gradients, "
+            f"or use a loss scaler with fp16)."
+        )
 
 
 class _Segment:

@@ -17,8 +17,10 @@ from typing import Optional, Union
 
 import torch
 
+from .checks import describe
 from .collectives import ReduceOp, allreduce, as_reduce_op, broadcast, reduce
-from .compression import Codec
+from .compressed import check_nonfinite_choice, compressed_allreduce, raise_if_nonfinite
+from .compression import Codec, get_codec
 from .process_group import NodeGroups, get_inter_node_group, get_intra_node_group, get_local_rank
 
 
@@ -26,6 +28,7 @@ def hierarchical_allreduce(
     tensor: torch.Tensor,
     op: Union[ReduceOp, str] = ReduceOp.AVG,
     compression: Optional[Union[str, Codec]] = None,
+    nonfinite: str = "raise",
     groups: Optional[NodeGroups] = None,
 ) -> None:
     """Allreduce ``tensor`` in place over all ranks in three steps (SUM or AVG).
@@ -34,22 +37,32 @@ def hierarchical_allreduce(
         tensor: the same shape and dtype on every rank.
         op: ``SUM`` or ``AVG``.
         compression: codec for the inter-node step (the intra-node steps stay exact).
+        nonfinite: with ``compression``, when a rank's input holds NaN or Inf: ``"raise"`` a
+            ValueError on every rank, or ``"propagate"`` the non-finite values to every rank
+            (see ``compressed_allreduce``). Exact steps always propagate them.
         groups: the node communicators to use (default: the job's, from ``init_process_group``;
             ``bagua.comm.new_node_groups()`` makes private ones).
     """
     op = as_reduce_op(op)
     if op not in (ReduceOp.SUM, ReduceOp.AVG):
         raise ValueError(f"hierarchical_allreduce supports SUM and AVG, got {op.name}")
+    check_nonfinite_choice(nonfinite)
     if groups is None:
         groups = NodeGroups(get_intra_node_group(), get_inter_node_group(), get_local_rank() == 0)
     intra, inter = groups.intra, groups.inter
     leader = intra.ranks[0]
     reduce(tensor, dst=leader, op=ReduceOp.SUM, group=intra)
     if groups.is_leader:
-        allreduce(tensor, op=op, group=inter, compression=compression)
+        if compression is None:
+            allreduce(tensor, op=op, group=inter)
+        else:  # non-finite values reach every rank first: the leaders alone raising would hang the others
+            compressed_allreduce(tensor, op=op, codec=compression, group=inter, nonfinite="propagate")
         if op == ReduceOp.AVG and intra.size > 1:
             tensor.div_(intra.size)
     broadcast(tensor, src=leader, group=intra)
+    if compression is not None and nonfinite == "raise" and inter.size > 1:
+        what = f"bagua.comm.hierarchical_allreduce[{get_codec(compression).name}]({describe(tensor)})"
+        raise_if_nonfinite(what, tensor)
 
 
 __all__ = ["hierarchical_allreduce"]

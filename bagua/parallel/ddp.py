@@ -443,6 +443,33 @@ class DistributedDataParallel(torch.nn.Module):
         """
         comm_hook.register(self, state, hook)
 
+    def algorithm_state_dict(self) -> dict:
+        """What a checkpoint needs beyond the module's and the optimizers' state dicts to resume
+        this wrapper exactly: the step count (communication schedules, warm-ups) and the
+        algorithm's own state.
+
+        Example::
+
+            torch.save({"model": ddp.state_dict(), "opt": opt.state_dict(),
+                        "bagua": ddp.algorithm_state_dict()}, path)
+        """
+        return {"step": self.step, "algorithm": self.impl.state_dict()}
+
+    def load_algorithm_state_dict(self, state: dict) -> None:
+        """Restore what ``algorithm_state_dict()`` returned (after loading the module's weights).
+
+        Example::
+
+            ddp.load_algorithm_state_dict(torch.load(path)["bagua"])
+        """
+        if not isinstance(state, dict) or set(state) != {"step", "algorithm"}:
+            raise ValueError(
+                f"expected what algorithm_state_dict() returns (keys 'step' and 'algorithm'), got "
+                f"{sorted(state) if isinstance(state, dict) else type(state).__name__}"
+            )
+        self.step = int(state["step"])
+        self.impl.load_state_dict(state["algorithm"])
+
     @property
     def bytes_sent_this_step(self) -> int:
         """Bytes this rank has sent since the current step's forward began."""

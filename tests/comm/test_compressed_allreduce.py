@@ -126,6 +126,45 @@ def test_nan_on_one_rank_raises_on_every_rank_without_hanging():
         assert "ValueError" in tb and "NaN or Inf" in tb
 
 
+def _inf_on_one_rank_propagated(rank: int) -> torch.Tensor:
+    import bagua
+
+    t = _input(rank, 4096)
+    if rank == 1:
+        t[123] = float("inf")  # in rank 0's chunk (3 ranks: 1366 elements each), in its first block
+    bagua.comm.compressed_allreduce(t, op="avg", codec="minmax_uint8", nonfinite="propagate")
+    return t
+
+
+def test_propagate_leaves_the_bad_block_non_finite_on_every_rank():
+    results = run_ranks(_inf_on_one_rank_propagated, 3, timeout=60)
+    for r in results:
+        torch.testing.assert_close(r, results[0], rtol=0, atol=0, equal_nan=True)
+    bad = ~torch.isfinite(results[0])
+    assert bad[:BLOCK].all() and not bad[BLOCK:].any()
+
+
+def _nan_on_a_non_leader(rank: int, nonfinite: str):
+    from bagua.comm.hierarchical import hierarchical_allreduce
+
+    t = _input(rank, 4096)
+    if rank == 1:  # local rank 1 of node 0: its NaN reaches the ring through its leader
+        t[7] = float("nan")
+    hierarchical_allreduce(t, op="avg", compression="minmax_uint8", nonfinite=nonfinite)
+    return t
+
+
+def test_hierarchical_nan_on_a_non_leader_raises_on_every_rank_or_propagates():
+    errors = run_ranks_expect_errors(_nan_on_a_non_leader, 4, "raise", local_world_size=2, timeout=60)
+    assert set(errors) == {0, 1, 2, 3}
+    assert all("hierarchical_allreduce[minmax_uint8]" in tb and "NaN or Inf" in tb for tb in errors.values())
+    results = run_ranks(_nan_on_a_non_leader, 4, "propagate", local_world_size=2, timeout=60)
+    for r in results:
+        torch.testing.assert_close(r, results[0], rtol=0, atol=0, equal_nan=True)
+    bad = ~torch.isfinite(results[0])
+    assert bad[:BLOCK].all() and not bad[BLOCK:].any()
+
+
 def _bad_compressed_input(rank: int):
     import bagua
 
@@ -134,6 +173,7 @@ def _bad_compressed_input(rank: int):
         "int": lambda: bagua.comm.allreduce(torch.ones(4, dtype=torch.int32), compression="minmax_uint8"),
         "codec": lambda: bagua.comm.allreduce(torch.ones(4), compression="int4"),
         "op": lambda: bagua.comm.allreduce(torch.ones(4), op="mean", compression="fp16"),
+        "nonfinite": lambda: bagua.comm.compressed_allreduce(torch.ones(4), nonfinite="ignore"),
     }.items():
         try:
             call()
@@ -147,6 +187,7 @@ def test_bad_compressed_input_is_refused_clearly():
     assert "floating-point" in problems["int"]
     assert "int4" in problems["codec"] and "minmax_uint8" in problems["codec"]
     assert "mean" in problems["op"] and "AVG" in problems["op"]
+    assert "nonfinite must be 'raise' or 'propagate', got 'ignore'" in problems["nonfinite"]
 
 
 def _codec_mismatch(rank: int):

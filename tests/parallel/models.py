@@ -43,3 +43,25 @@ def train(model, optimizer, batches, zero_grad_to_none: bool = True) -> list[flo
 
 def flat_params(module: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in module.parameters()]).clone()
+
+
+def set_flat_params(module: torch.nn.Module, flat: torch.Tensor) -> None:
+    """Copy ``flat`` (as ``flat_params`` lays it out) into ``module``'s parameters."""
+    offset = 0
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+
+def gradients_at(weights: list[torch.Tensor], step: int) -> list[torch.Tensor]:
+    """For simulations: each rank's flat cross-entropy gradient of ``make_model`` at its own
+    weights ``weights[rank]``, on its own batch number ``step`` of ``rank_batches``."""
+    out = []
+    for rank, w in enumerate(weights):
+        model = make_model()
+        set_flat_params(model, w)
+        x, y = rank_batches(rank, step + 1)[step]
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        out.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+    return out

@@ -1,0 +1,485 @@
+"""The conformance matrix: every algorithm through every everyday-loop feature (2 ranks, seeded).
+
+Rows are algorithms, each with its natural optimizer, unfused and fused (``fuse_optimizer``).
+Columns are loop features. One spawned job per row runs every column's loop and the reference
+loops; the tests then assert, per cell, the strongest property that holds for the algorithm:
+
+- **bit-equal to torch DDP** (gradient_allreduce);
+- **bit-equal to the same algorithm's plain loop with the same effective gradients**
+  (GradScaler's power-of-two scaling, closures, evaluation forwards, a user's collective,
+  a resumed checkpoint, a step that raised): every deterministic algorithm;
+- **close to the plain loop with one big batch** (accumulation: only the summation order differs);
+- **never larger updates than unclipped** (clipping), **identical across ranks** where the
+  algorithm keeps replicas identical, and **no hang, finite** for async, whose averaging
+  rounds depend on timing.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import bagua
+from tests.harness import run_ranks
+
+STEPS = 4
+ROWS = {
+    "gradient_allreduce": lambda opt: "gradient_allreduce",
+    "bytegrad": lambda opt: "bytegrad",
+    "decentralized": lambda opt: bagua.algorithms.DecentralizedAlgorithm(),
+    "decentralized_shift_one_2": lambda opt: bagua.algorithms.DecentralizedAlgorithm(
+        peer_selection_mode="shift_one", communication_interval=2),
+    "low_precision_decentralized": lambda opt: "low_precision_decentralized",
+    "async": lambda opt: bagua.algorithms.AsyncModelAverageAlgorithm(sync_interval_ms=1, warmup_steps=2),
+    "qadam": lambda opt: bagua.algorithms.QAdamAlgorithm(opt),
+}
+DETERMINISTIC = [name for name in ROWS if name != "async"]
+# replicas identical after every step (gradient averaging; qadam averages the momentum)
+IDENTICAL = ["gradient_allreduce", "bytegrad", "qadam"]
+
+
+class _Net(torch.nn.Module):
+    """A small MLP, optionally with BatchNorm, optionally running a user's collective in forward
+    (as logging or Lightning's ``self.log(sync_dist=True)`` do)."""
+
+    def __init__(self, batchnorm: bool = False, user_allreduce: bool = False):
+        super().__init__()
+        torch.manual_seed(0)
+        norm = torch.nn.BatchNorm1d(16) if batchnorm else torch.nn.Identity()
+        self.body = torch.nn.Sequential(torch.nn.Linear(12, 16), norm, torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh())
+        self.head = torch.nn.Linear(16, 3)
+        self.user_allreduce = user_allreduce
+
+    def forward(self, x):
+        if self.user_allreduce:
+            seen = torch.tensor([float(x.shape[0])])
+            dist.all_reduce(seen)  # the user's own collective, on the default group
+        return self.head(self.body(x))
+
+
+def _batches(rank: int, steps: int = STEPS, batch: int = 8):
+    g = torch.Generator().manual_seed(1000 + rank)
+    xs = [torch.randn(batch, 12, generator=g) for _ in range(steps)]
+    return [(x, x[:, :3].argmax(dim=1)) for x in xs]
+
+
+def _params(model) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+
+
+class _Run:
+    """One training run of a row: a fresh model, optimizer and wrapper."""
+
+    def __init__(self, row: str, fused: bool, model: torch.nn.Module | None = None, wrap: bool = True):
+        self.row, self.fused = row, fused
+        self.model = model if model is not None else _Net()
+        if row == "qadam":
+            self.opt = bagua.optim.QAdamOptimizer(self.model.parameters(), lr=0.01, warmup_steps=2)
+        else:
+            self.opt = torch.optim.SGD(self.model.parameters(), lr=0.05, momentum=0.9)
+        if fused:
+            self.opt = bagua.optim.fuse_optimizer(self.opt)
+        self.ddp = self.wrap() if wrap else None
+
+    def wrap(self) -> bagua.DistributedDataParallel:
+        self.ddp = bagua.DistributedDataParallel(self.model, [self.opt], algorithm=ROWS[self.row](self.opt))
+        return self.ddp
+
+    def step(self, closure=None):
+        if self.fused:
+            return self.opt.fuse_step(closure)
+        return self.opt.step(closure)
+
+    def train(self, batches, scale: float = 1.0):
+        for x, y in batches:
+            self.opt.zero_grad()
+            (F.cross_entropy(self.ddp(x), y) * scale).backward()
+            self.step()
+
+    def finish(self) -> torch.Tensor:
+        if self.row == "async":
+            self.ddp.algorithm.abort(self.ddp)
+        params = _params(self.model)
+        self.ddp.close()
+        return params
+
+
+def _plain(rank, row, fused):
+    run = _Run(row, fused)
+    run.train(_batches(rank))
+    return run.finish()
+
+
+def _closure(rank, row, fused):
+    run = _Run(row, fused)
+    for x, y in _batches(rank):
+        def closure():
+            run.opt.zero_grad()
+            loss = F.cross_entropy(run.ddp(x), y)
+            loss.backward()
+            return loss
+        run.step(closure)
+    return run.finish()
+
+
+def _eval_forwards(rank, row, fused):
+    run = _Run(row, fused)
+    (x_eval, _), = _batches(7, 1)
+    for step, (x, y) in enumerate(_batches(rank)):
+        run.opt.zero_grad()
+        F.cross_entropy(run.ddp(x), y).backward()
+        run.step()
+        if step == 0:  # every rank evaluates
+            run.model.eval()
+            with torch.no_grad():
+                run.ddp(x_eval)
+            run.model.train()
+        elif step == 1 and rank == 0:  # rank 0 alone, in eval mode (with grad enabled)
+            run.model.eval()
+            run.ddp(x_eval)
+            run.model.train()
+        elif step == 2 and rank == 0:  # rank 0 alone, train mode under no_grad
+            with torch.no_grad():
+                run.ddp(x_eval)
+    steps = run.ddp.step
+    return run.finish(), steps
+
+
+def _user_allreduce(rank, row, fused):
+    run = _Run(row, fused, model=_Net(user_allreduce=True))
+    run.train(_batches(rank))
+    return run.finish()
+
+
+def _accumulate(rank, row, fused):
+    run = _Run(row, fused)
+    sent = []
+    for x, y in _batches(rank):
+        before = bagua.comm.bytes_sent()
+        run.opt.zero_grad()
+        (x0, x1), (y0, y1) = x.chunk(2), y.chunk(2)
+        with run.ddp.no_sync():
+            (F.cross_entropy(run.ddp(x0), y0) / 2).backward()
+        (F.cross_entropy(run.ddp(x1), y1) / 2).backward()
+        run.step()
+        sent.append(bagua.comm.bytes_sent() - before)
+    return run.finish(), sent, run.ddp.step
+
+
+def _scaler(rank, row, fused, overflow_rank):
+    """GradScaler (scale 2**10, a power of two: exact) with an overflowing step 2 on one rank."""
+    run = _Run(row, fused)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=1000)
+    scales = []
+    for step, (x, y) in enumerate(_batches(rank)):
+        run.opt.zero_grad()
+        loss = F.cross_entropy(run.ddp(x), y)
+        if step == 1 and rank == overflow_rank:
+            loss = loss * math.inf
+        scaler.scale(loss).backward()
+        scaler.step(run.opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    return run.finish(), scales
+
+
+def _skipping_step_two(rank, row, fused):
+    """The reference of a skipped step: forward and backward of step 2, no optimizer step."""
+    run = _Run(row, fused)
+    for step, (x, y) in enumerate(_batches(rank)):
+        run.opt.zero_grad()
+        F.cross_entropy(run.ddp(x), y).backward()
+        if step != 1:
+            run.step()
+    return run.finish()
+
+
+def _raising_step(rank, row, fused):
+    run = _Run(row, fused)
+    calls = []
+
+    def flaky(optimizer, args, kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("the user's step hook fails once")
+
+    run.opt.register_step_pre_hook(flaky)
+    for x, y in _batches(rank):
+        run.opt.zero_grad()
+        F.cross_entropy(run.ddp(x), y).backward()
+        try:
+            run.step()
+        except RuntimeError as error:
+            assert "fails once" in str(error)
+    return run.finish()
+
+
+def _backward_raises(rank, row, fused):
+    run = _Run(row, fused)
+    failing = []
+
+    def hook(module, grad_input, grad_output):
+        if failing:
+            raise RuntimeError("out of memory (simulated) in backward")
+
+    run.model.body[0].register_full_backward_hook(hook)
+    for step, (x, y) in enumerate(_batches(rank)):
+        run.opt.zero_grad()
+        failing[:] = [True] if step == 1 else []
+        try:
+            F.cross_entropy(run.ddp(x), y).backward()
+        except RuntimeError as error:
+            assert "simulated" in str(error)
+            continue
+        run.step()
+    return run.finish()
+
+
+def _clip(rank, row, fused, max_norm):
+    run = _Run(row, fused)
+    changes = []
+    for x, y in _batches(rank):
+        before = _params(run.model)
+        run.opt.zero_grad()
+        F.cross_entropy(run.ddp(x), y).backward()
+        if max_norm is not None:
+            torch.nn.utils.clip_grad_norm_(run.model.parameters(), max_norm)
+        run.step()
+        changes.append((_params(run.model) - before).norm().item())
+    return run.finish(), changes
+
+
+def _resume(rank, row, fused, load_after_wrap):
+    batches = _batches(rank)
+    first = _Run(row, fused)
+    first.train(batches[:2])
+    checkpoint = {"model": first.model.state_dict(), "opt": first.opt.state_dict(),
+                  "bagua": first.ddp.algorithm_state_dict()}
+    checkpoint = _roundtrip(checkpoint)
+    if row == "async":
+        first.ddp.algorithm.abort(first.ddp)
+    first.ddp.close()
+    second = _Run(row, fused, model=_Net(), wrap=False)
+    if not load_after_wrap:
+        second.model.load_state_dict(checkpoint["model"])
+        second.opt.load_state_dict(checkpoint["opt"])
+    second.wrap()
+    if load_after_wrap:
+        second.ddp.load_state_dict({f"module.{k}": v for k, v in checkpoint["model"].items()})
+        second.opt.load_state_dict(checkpoint["opt"])
+    second.ddp.load_algorithm_state_dict(checkpoint["bagua"])
+    second.train(batches[2:])
+    return second.finish()
+
+
+def _roundtrip(obj):
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False)
+
+
+def _bf16(rank, row, fused):
+    run = _Run(row, fused)
+    for x, y in _batches(rank):
+        run.opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(run.ddp(x), y)
+        loss.backward()
+        run.step()
+    return run.finish()
+
+
+def _batchnorm(rank, row, fused):
+    run = _Run(row, fused, model=_Net(batchnorm=True))
+    run.train(_batches(rank))
+    params = run.finish()
+    run.model.eval()
+    (x_eval, _), = _batches(7, 1)
+    with torch.no_grad():
+        return params, run.model(x_eval), [b.clone() for b in run.model.buffers()]
+
+
+def _torch_ddp(rank, loop: str):
+    """gradient_allreduce's references: the same loops under torch DDP."""
+    model = _Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=1000)
+    for step, (x, y) in enumerate(_batches(rank)):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=loop == "bf16"):
+            loss = F.cross_entropy(ddp(x), y)
+        if loop == "scaler":
+            scaler.scale(loss * (math.inf if step == 1 and rank == 1 else 1)).backward()
+            scaler.step(opt)
+            scaler.update()
+            continue
+        loss.backward()
+        if loop == "clip":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+        opt.step()
+    return _params(model)
+
+
+def _row_job(rank: int, row: str, fused: bool) -> dict:
+    out = {
+        "plain": _plain(rank, row, fused),
+        "closure": _closure(rank, row, fused),
+        "eval": _eval_forwards(rank, row, fused),
+        "user_allreduce": _user_allreduce(rank, row, fused),
+        "accumulate": _accumulate(rank, row, fused),
+        "scaler": _scaler(rank, row, fused, overflow_rank=1),
+        "skip_step_two": _skipping_step_two(rank, row, fused),
+        "raising_step": _raising_step(rank, row, fused),
+        "backward_raises": _backward_raises(rank, row, fused),
+        "clip": _clip(rank, row, fused, 0.1),
+        "unclipped": _clip(rank, row, fused, None),
+        "resume_before_wrap": _resume(rank, row, fused, False),
+        "resume_after_wrap": _resume(rank, row, fused, True),
+        "bf16": _bf16(rank, row, fused),
+        "batchnorm": _batchnorm(rank, row, fused),
+    }
+    big = _Run(row, fused)  # accumulation's reference: one batch of both halves, one step each
+    big.train(_batches(rank))
+    out["plain_steps"] = big.ddp.step
+    if row == "gradient_allreduce" and not fused:
+        out["torch"] = {loop: _torch_ddp(rank, loop) for loop in ("plain", "clip", "scaler", "bf16")}
+    return out
+
+
+CASES = [(row, fused) for row in ROWS for fused in (False, True)]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[f"{row}-{'fused' if fused else 'unfused'}" for row, fused in CASES])
+def row(request):
+    name, fused = request.param
+    results = run_ranks(_row_job, 2, name, fused, timeout=240)
+    return name, fused, results
+
+
+def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a, b)
+
+
+def test_closure_equals_plain_step(row):
+    name, _, results = row
+    for r in results:
+        assert torch.isfinite(r["closure"]).all()
+        if name in DETERMINISTIC:
+            assert _equal(r["closure"], r["plain"]), name
+
+
+def test_eval_forwards_on_all_ranks_and_on_rank0_alone_change_nothing(row):
+    name, _, results = row
+    for r in results:
+        params, steps = r["eval"]
+        assert steps == STEPS  # evaluation forwards are not steps
+        if name in DETERMINISTIC:
+            assert _equal(params, r["plain"]), name
+
+
+def test_a_users_collective_during_forward_neither_hangs_nor_changes_training(row):
+    name, _, results = row
+    for r in results:
+        if name in DETERMINISTIC:
+            assert _equal(r["user_allreduce"], r["plain"]), name
+
+
+def test_accumulation_under_no_sync_equals_one_big_batch(row):
+    name, _, results = row
+    for r in results:
+        params, sent, steps = r["accumulate"]
+        assert steps == r["plain_steps"]  # forwards inside no_sync are not steps
+        if name in DETERMINISTIC:
+            tolerance = 2e-3 if name in ("bytegrad", "low_precision_decentralized", "qadam") else 1e-5
+            torch.testing.assert_close(params, r["plain"], rtol=0, atol=tolerance)
+        if name in ("gradient_allreduce", "bytegrad"):
+            assert len(set(sent)) == 1 and sent[0] > 0  # one communication per step, not per micro-batch
+
+
+def test_grad_scaler_overflow_on_one_rank_skips_the_step_everywhere(row):
+    name, _, results = row
+    for r in results:
+        params, scales = r["scaler"]
+        assert torch.isfinite(params).all()
+        if name in ("gradient_allreduce", "bytegrad", "qadam", "low_precision_decentralized"):
+            assert scales[1] == 2.0 ** 9  # halved on every rank: the non-finite step was seen everywhere
+            assert _equal(params, r["skip_step_two"]), name
+
+
+def test_a_raising_step_then_good_steps(row):
+    name, _, results = row
+    for r in results:
+        assert torch.isfinite(r["raising_step"]).all()
+        if name in DETERMINISTIC:
+            assert _equal(r["raising_step"], r["skip_step_two"]), name
+
+
+def test_an_exception_inside_backward_is_recovered_at_the_next_step(row):
+    name, _, results = row
+    for r in results:
+        assert torch.isfinite(r["backward_raises"]).all()
+    if name in IDENTICAL:
+        assert _equal(results[0]["backward_raises"], results[1]["backward_raises"])
+
+
+def test_clipping_never_makes_updates_larger(row):
+    name, _, results = row
+    for r in results:
+        params, changes = r["clip"]
+        _, unclipped = r["unclipped"]
+        assert torch.isfinite(params).all()
+        for clipped, free in zip(changes, unclipped):
+            assert clipped <= free * 1.05 + 1e-7, (name, changes, unclipped)
+
+
+@pytest.mark.parametrize("when", ["resume_before_wrap", "resume_after_wrap"])
+def test_a_resumed_checkpoint_continues_exactly(row, when):
+    name, _, results = row
+    for r in results:
+        assert torch.isfinite(r[when]).all()
+        if name in DETERMINISTIC:
+            assert _equal(r[when], r["plain"]), (name, (r[when] - r["plain"]).abs().max())
+
+
+def test_bf16_autocast_trains(row):
+    name, _, results = row
+    for r in results:
+        assert torch.isfinite(r["bf16"]).all()
+    if name in IDENTICAL:
+        assert _equal(results[0]["bf16"], results[1]["bf16"])
+
+
+def test_batchnorm_buffers_and_eval_outputs_are_identical_across_ranks(row):
+    name, _, results = row
+    (p0, out0, buffers0), (p1, out1, buffers1) = (r["batchnorm"] for r in results)
+    assert all(torch.equal(a, b) for a, b in zip(buffers0, buffers1)), name
+    if name in IDENTICAL or name == "async":
+        assert torch.equal(out0, out1)
+
+
+def test_gradient_allreduce_is_bit_equal_to_torch_ddp(row):
+    name, fused, results = row
+    if "torch" not in results[0]:
+        pytest.skip("torch DDP is the reference of the unfused gradient_allreduce row only")
+    for r in results:
+        assert _equal(r["plain"], r["torch"]["plain"])
+        assert _equal(r["clip"][0], r["torch"]["clip"])
+        assert _equal(r["scaler"][0], r["torch"]["scaler"])
+        assert _equal(r["bf16"], r["torch"]["bf16"])
+
+
+def test_replicas_stay_identical(row):
+    name, _, results = row
+    if name not in IDENTICAL:
+        pytest.skip(f"{name} keeps replicas apart between averaging rounds by design")
+    for key in ("plain", "closure", "user_allreduce", "skip_step_two", "raising_step"):
+        assert _equal(results[0][key], results[1][key]), key
