@@ -29,7 +29,7 @@ misses that one pull towards the other ranks, and its first round averages the r
 again. Ranks save at their own moments of an asynchronous run, so like the replicas themselves
 their checkpoints differ; for one set of identical weights call ``abort(model)`` on every rank
 before saving (and ``resume(model)`` after). The implementation's own ``state_dict()`` holds
-the steps taken, so a resumed run does not redo the warm-up. Load weights after wrapping to keep
+the steps taken (``model.algorithm_state_dict()`` carries it), so a resumed run does not redo the warm-up. Load weights after wrapping to keep
 each rank's own: weights loaded before wrapping are replaced by rank 0's (the wrapper broadcasts
 them), which is also a valid point to go on from.
 
@@ -39,7 +39,7 @@ Example::
     model = bagua.DistributedDataParallel(model, [opt], algo)
     ...train...
     torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(),
-                "algo": model.impl.state_dict()}, f"ckpt{bagua.get_rank()}.pt")
+                "bagua": model.algorithm_state_dict()}, f"ckpt{bagua.get_rank()}.pt")
     ...train...
     algo.abort(model)            # every rank: identical weights from here on
 """
@@ -55,7 +55,7 @@ from typing import Any, Optional
 import torch
 
 from ..comm import BaguaProcessGroup, Bucket, ReduceOp, allreduce, new_group
-from .base import Algorithm, AlgorithmImpl, NamedTensor, check_choice, check_positive_int
+from .base import Algorithm, AlgorithmImpl, check_choice, check_positive_int
 from .gradient_allreduce import append_gradient_allreduce
 
 logger = logging.getLogger(__name__)
@@ -95,12 +95,8 @@ class AsyncModelAverageImpl(AlgorithmImpl):
         self._stop_requested = False
         self._next_round_at = 0.0  # time.monotonic() before which no snapshot is offered
 
-    def tensors_to_communicate(self, ddp) -> list[NamedTensor]:
-        if self._save_hook is None:  # once, at wrap time: every rank's loop starts together
-            self._attach(ddp)
-        return super().tensors_to_communicate(ddp)  # the gradients, allreduced during warm-up
-
-    def _attach(self, ddp) -> None:
+    def on_wrapped(self, ddp) -> None:
+        """Once, at wrap time: buffers for the handoff, then every rank's loop starts together."""
         self._params = [p for _, p in ddp.named_trainable_parameters]
         dtypes = {p.dtype for p in self._params} or {torch.float32}
         device = self._params[0].device if self._params else torch.device("cpu")
@@ -117,6 +113,9 @@ class AsyncModelAverageImpl(AlgorithmImpl):
 
     def ready_on_backward(self, ddp) -> bool:
         return self.steps <= self.warmup_steps
+
+    def broadcasts_buffers(self, ddp) -> bool:
+        return self.steps <= self.warmup_steps  # afterwards no rank waits for another (abort syncs them)
 
     def on_forward_pre(self, ddp) -> None:
         self._raise_loop_error()
@@ -233,7 +232,7 @@ class AsyncModelAverageImpl(AlgorithmImpl):
 
         Example::
 
-            torch.save({"model": model.module.state_dict(), "algo": model.impl.state_dict()}, path)
+            torch.save({"model": model.module.state_dict(), "bagua": model.algorithm_state_dict()}, path)
         """
         return {"steps": self.steps, "rounds": self.rounds}
 
@@ -252,14 +251,14 @@ class AsyncModelAverageImpl(AlgorithmImpl):
         Example::
 
             model.module.load_state_dict(ckpt["model"])
-            model.impl.load_state_dict(ckpt["algo"])
+            model.load_algorithm_state_dict(ckpt["bagua"])   # calls this
         """
         if not isinstance(state, dict) or not all(
             isinstance(state.get(key), int) and state[key] >= 0 for key in ("steps", "rounds")
         ):
             raise ValueError(
                 f"an async algorithm state is {{'steps': int >= 0, 'rounds': int >= 0}} (from "
-                f"model.impl.state_dict() with this algorithm), got {state!r}"
+                f"model.algorithm_state_dict()['algorithm'] with this algorithm), got {state!r}"
             )
         self._stop()
         self._state = _IDLE
@@ -342,8 +341,10 @@ class AsyncModelAverageAlgorithm(Algorithm):
 
     def abort(self, model) -> None:
         """Stop the averaging loop on every rank (call it on every rank), then bring all ranks to
-        identical weights. Training may go on afterwards, unsynchronized until ``resume``."""
+        identical weights (and the first rank's buffers). Training may go on afterwards,
+        unsynchronized until ``resume``."""
         self._impl(model).stop_and_synchronize()
+        model.sync_buffers()
 
     def resume(self, model) -> None:
         """Restart the averaging loop after ``abort`` (call it on every rank)."""

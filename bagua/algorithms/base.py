@@ -9,6 +9,7 @@ returned ``AlgorithmImpl`` through these hooks, in this order each step:
 ``tensors_to_communicate(ddp)``       once: the (name, tensor) pairs to put in buckets
 ``bucket_tensors(named, size_bytes)`` once: group them into buckets (default: by size and dtype)
 ``init_operations(ddp, bucket)``      once per bucket: append the ops the engine runs on it
+``on_wrapped(ddp)``                   once, when wrapping is complete (start background work)
 ``on_forward_pre(ddp)``               every training forward (train mode, grad enabled, outside
                                       ``no_sync()``), before the module runs
 ``on_tensor_ready(ddp, name, param)`` every parameter whose gradient was just accumulated
@@ -98,6 +99,9 @@ class AlgorithmImpl:
 
     def init_operations(self, ddp: "DistributedDataParallel", bucket: Bucket) -> None:
         """Append to ``bucket`` the ops the engine runs once all its tensors are ready."""
+
+    def on_wrapped(self, ddp: "DistributedDataParallel") -> None:
+        """Called once when the wrapper is complete, on every rank (e.g. start a background thread)."""
 
     def ready_on_backward(self, ddp: "DistributedDataParallel") -> bool:
         """Whether this step's buckets become ready as backward produces gradients (default)."""

@@ -142,6 +142,7 @@ class DistributedDataParallel(torch.nn.Module):
             self._hooks.append(opt.register_step_post_hook(lambda *_: self.impl.on_optimizer_step_post(self)))
         self._hooks.append(module.register_load_state_dict_post_hook(lambda *_: self.impl.on_weights_loaded(self)))
         module._bagua_wrapper = weakref.ref(self)
+        self.impl.on_wrapped(self)
 
     # --- buckets ------------------------------------------------------------------------------
     def gradient_slot(self, name: str) -> torch.Tensor:
@@ -358,6 +359,14 @@ class DistributedDataParallel(torch.nn.Module):
             pass  # the error raised next names the cause; the engine is reset for the next step
         finally:
             self._marked.clear()
+
+    def sync_buffers(self) -> None:
+        """Make every rank's buffers the first rank's now (every rank calls it), e.g. after
+        training with an algorithm whose ranks do not wait for each other."""
+        if self._buffer_broadcast is None:
+            self._buffer_broadcast = BufferBroadcast(self.module, self.comm_group)
+        if self._buffer_broadcast:
+            self._buffer_broadcast.broadcast(self._src)
 
     def reset(self) -> None:
         """Abandon a step whose backward raised (a skipped out-of-memory batch): wait for the
