@@ -46,6 +46,7 @@ class QAdamImpl(AlgorithmImpl):
         self.optimizer, self.hierarchical = optimizer, hierarchical
         # per dtype and device: the parameters with their param groups, and a scratch buffer
         self._momentum_buffers: list[tuple[list[tuple[torch.Tensor, dict]], torch.Tensor]] = []
+        self._covered: set[int] = set()  # ids of those parameters
         optimizer.momentum_communicator = self  # the wrapper built last wins; close() detaches it
 
     # --- the wrapper's hooks ------------------------------------------------------------------
@@ -64,6 +65,7 @@ class QAdamImpl(AlgorithmImpl):
             (params, torch.empty(sum(p.numel() for p, _ in params), dtype=dtype, device=device))
             for (dtype, device), params in layouts.items()
         ]
+        self._covered = {id(p) for _, p in named}
         return super().tensors_to_communicate(ddp)
 
     def init_operations(self, ddp, bucket: Bucket) -> None:
@@ -82,6 +84,9 @@ class QAdamImpl(AlgorithmImpl):
         verdict = torch.tensor([float(flag)])
         allreduce(verdict, op=ReduceOp.MAX, group=self.process_group)
         return bool(verdict.item())
+
+    def covers(self, p: torch.Tensor) -> bool:
+        return id(p) in self._covered
 
     @torch.no_grad()
     def average_momentum(self) -> None:

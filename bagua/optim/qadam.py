@@ -68,6 +68,11 @@ class MomentumCommunicator(Protocol):
 
     def any_rank(self, flag: bool) -> bool:
         """Whether ``flag`` is true on any rank (a skipped step must be skipped everywhere)."""
+
+    def covers(self, p: torch.Tensor) -> bool:
+        """Whether ``p``'s momentum is averaged: then ``p`` steps on every rank, a gradient that
+        is None on this rank (a parameter unused here this step) counting as zero."""
+
     def average_momentum(self) -> None:
         """Replace every parameter's ``exp_avg`` by its average over the ranks, in place."""
 
@@ -196,8 +201,11 @@ class QAdamOptimizer(torch.optim.Optimizer):
                 skip = communicator.any_rank(skip)
             if skip:
                 return loss
-        params = [(p, group) for group in self.param_groups for p in group["params"] if p.grad is not None]
-        grads = [p.grad for p, _ in params]
+        params = [
+            (p, group) for group in self.param_groups for p in group["params"]
+            if p.grad is not None or (communicator is not None and communicator.covers(p))
+        ]  # fmt: skip
+        grads = [p.grad for p, _ in params if p.grad is not None]
         if any(g.is_sparse for g in grads):
             raise RuntimeError("QAdamOptimizer does not support sparse gradients")
         grad_scale = getattr(self, "grad_scale", None)
@@ -208,7 +216,9 @@ class QAdamOptimizer(torch.optim.Optimizer):
         t = self.step_count
         for p, group in params:
             beta1, beta2 = group["betas"]
-            g = p.grad.add(p, alpha=group["weight_decay"]) if group["weight_decay"] else p.grad
+            g = torch.zeros_like(p) if p.grad is None else p.grad
+            if group["weight_decay"]:
+                g = g.add(p, alpha=group["weight_decay"])
             self.state[p]["exp_avg"].mul_(beta1).add_(g, alpha=1 - beta1)
             if warmup:
                 self.state[p]["exp_avg_sq"].mul_(beta2).addcmul_(g, g, value=1 - beta2)

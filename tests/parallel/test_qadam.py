@@ -266,6 +266,38 @@ def test_qadam_closure_step_equals_the_plain_loop():
         assert all(torch.equal(x, y) for x, y in zip(with_closure["trace"], plain["trace"]))
 
 
+class _TwoHeads(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = torch.nn.Linear(12, 3), torch.nn.Linear(12, 3)
+
+    def forward(self, x, use_b: bool):
+        return self.a(x) + self.b(x) if use_b else self.a(x)
+
+
+def _unused_run(rank: int) -> dict:
+    model = _TwoHeads()
+    opt = _qadam(model)
+    ddp = bagua.DistributedDataParallel(model, [opt], bagua.algorithms.QAdamAlgorithm(opt), find_unused_parameters=True)
+    trace, head_b = [], []
+    for step, (x, y) in enumerate(rank_batches(rank, STEPS)):
+        opt.zero_grad(set_to_none=True)  # head b's gradient stays None where it is not used
+        F.cross_entropy(ddp(x, use_b=step < WARMUP or rank == 0), y).backward()
+        opt.step()
+        trace.append(flat_params(model))
+        head_b.append(flat_params(model.b))
+    ddp.close()
+    return dict(trace=trace, head_b=head_b)
+
+
+def test_qadam_parameter_unused_on_one_rank_still_steps_on_every_rank():
+    results = run_ranks(_unused_run, 2)
+    _assert_identical_across_ranks(results)  # rank 1 steps head b too, its gradient counting as zero
+    head_b = results[0]["head_b"]
+    assert not torch.equal(head_b[-1], head_b[WARMUP - 1])  # trained by rank 0 after warm-up
+
+
 # --- checkpoints and fuse_optimizer --------------------------------------------------------------
 
 
