@@ -1,13 +1,21 @@
 """qadam: Adam with allreduced gradients during warm-up, then 8-bit compressed momentum.
 
-During ``QAdamOptimizer``'s warm-up every bucket of gradients is allreduced exactly, so the
-optimizer is plain data-parallel Adam. Afterwards the variance is frozen, and each bucket's op
-updates the local momentum from the local gradient (m ← β1·m + (1−β1)·(g + wd·x)) and averages
-it across ranks MinMaxUInt8-compressed, as m / (sqrt(v̂) + eps): the variance is identical on
-all ranks, so this is the same average, and the 8-bit rounding then stays small next to each
-coordinate's own update (compressing m itself, coordinates with a small variance got
-rounding noise of the block's large momenta divided by their small sqrt(v): it diverged within
-a few steps on a 10M-parameter MLP). The optimizer then applies ``lr · m̂ / (sqrt(v̂) + eps)``. All ranks apply the same averaged momentum, so they stay in step.
+During ``QAdamOptimizer``'s warm-up every bucket of gradients is allreduced exactly during
+backward, so the optimizer is plain data-parallel Adam. Afterwards nothing is communicated in
+backward: the gradients stay local, and whatever the loop does to them before the step (clipping,
+GradScaler's unscaling, accumulation over micro-batches) is what the momentum sees.
+``QAdamOptimizer.step`` updates the local momentum m ← β1·m + (1−β1)·(g + wd·x) and calls this
+algorithm's communicator (``optimizer.momentum_communicator``), which averages the momentum
+across ranks MinMaxUInt8-compressed (one buffer per dtype and device, the same layout on every
+rank); then the optimizer applies ``lr · m̂ / (sqrt(v̂) + eps)``. All ranks apply the same
+averaged momentum, so they stay identical.
+
+The momentum is averaged as m / (sqrt(v̂) + eps): the frozen variance is identical on all ranks,
+so this is the same average, and the 8-bit rounding then stays small next to each coordinate's
+own update (compressing m itself, coordinates with a small variance got rounding noise of the
+block's large momenta divided by their small sqrt(v): it diverged within a few steps on a
+10M-parameter MLP). It goes through a scratch buffer, so the momentum tensors stay the
+optimizer's own (``load_state_dict`` and ``fuse_optimizer`` may replace or move them).
 
 Example::
 
@@ -23,64 +31,96 @@ from ..comm import BaguaProcessGroup, Bucket, ReduceOp, allreduce
 from ..comm.hierarchical import hierarchical_allreduce
 from ..optim.qadam import QAdamOptimizer
 from .base import Algorithm, AlgorithmImpl
-from .gradient_allreduce import check_hierarchical_group
+from .gradient_allreduce import append_gradient_allreduce, hierarchical_node_groups
 
 COMPRESSION = "minmax_uint8"
 
 
 class QAdamImpl(AlgorithmImpl):
+    """The wrapper's hooks (warm-up: gradient allreduce) and the optimizer's ``MomentumCommunicator``."""
+
     def __init__(self, process_group: BaguaProcessGroup, optimizer: QAdamOptimizer, hierarchical: bool):
         super().__init__(process_group)
-        if hierarchical:
-            check_hierarchical_group(process_group)
-        self.optimizer, self.hierarchical = optimizer, hierarchical
-        optimizer.momentum_from_algorithm = True
+        self.node_groups = hierarchical_node_groups(process_group) if hierarchical else None
+        self.optimizer = optimizer
+        # per dtype and device: the parameters with their param groups, and a scratch buffer
+        self._momentum_buffers: list[tuple[list[tuple[torch.Tensor, dict]], torch.Tensor]] = []
+        self._covered: set[int] = set()  # ids of those parameters
+        optimizer.momentum_communicator = self  # the wrapper built last wins; close() detaches it
 
-    def _allreduce(self, flat: torch.Tensor, compression) -> None:
-        if self.hierarchical:
-            hierarchical_allreduce(flat, op=ReduceOp.AVG, compression=compression)
-        else:
-            allreduce(flat, op=ReduceOp.AVG, group=self.process_group, compression=compression)
-
-    def init_operations(self, ddp, bucket: Bucket) -> None:
-        params = [ddp.named_parameter(name) for name in ddp.names_in(bucket)]
+    # --- the wrapper's hooks ------------------------------------------------------------------
+    def tensors_to_communicate(self, ddp) -> list:
         groups = {id(p): g for g in self.optimizer.param_groups for p in g["params"]}
-        missing = [name for name, p in zip(ddp.names_in(bucket), params) if id(p) not in groups]
+        named = list(reversed(ddp.named_trainable_parameters))
+        missing = [name for name, p in named if id(p) not in groups]
         if missing:
             raise ValueError(f"QAdamAlgorithm: parameters {missing[:5]} are not in the QAdamOptimizer it was given")
-        # the momentum tensors become views of one flat buffer, aligned with the gradient bucket
-        momentum = Bucket([self.optimizer.state[p]["exp_avg"] for p in params], name=f"{bucket.name}.exp_avg")
+        # The momentum is averaged in one buffer per dtype and device, in this order whatever the
+        # gradient buckets are (fuse_optimizer changes those), so the 8-bit blocks are the same.
+        layouts: dict[tuple, list[tuple[torch.Tensor, dict]]] = {}
+        for _, p in named:
+            layouts.setdefault((p.dtype, p.device), []).append((p, groups[id(p)]))
+        self._momentum_buffers = [
+            (params, torch.empty(sum(p.numel() for p, _ in params), dtype=dtype, device=device))
+            for (dtype, device), params in layouts.items()
+        ]
+        self._covered = {id(p) for _, p in named}
+        return super().tensors_to_communicate(ddp)
 
-        frozen: list[torch.Tensor] = []  # the frozen denominators of the bucket, once known
+    def init_operations(self, ddp, bucket: Bucket) -> None:
+        append_gradient_allreduce(bucket, self.process_group, average=True, node_groups=self.node_groups)
 
-        @torch.no_grad()
-        def communicate(b: Bucket) -> None:
-            if self.optimizer.in_warmup:
-                self._allreduce(b.flat, None)
-                return
-            if not frozen:
-                frozen.append(torch.cat([self.optimizer.denominator(p, groups[id(p)]).reshape(-1) for p in params]))
-            for p, m in zip(params, momentum.tensors):
-                group = groups[id(p)]
-                beta1 = group["betas"][0]
-                m.mul_(beta1).add_(QAdamOptimizer.momentum_input(p, group), alpha=1 - beta1)
-            # Averaged in the preconditioned space m / (sqrt(v) + eps): v is the same on every rank,
-            # so the average is the same, and the codec's rounding is relative to the update itself
-            # rather than to the momentum of the block's largest coordinates.
-            momentum.flat.div_(frozen[0])
-            self._allreduce(momentum.flat, COMPRESSION)
-            momentum.flat.mul_(frozen[0])
+    def ready_on_backward(self, ddp) -> bool:
+        # the optimizer's step count: the same for every backward of one step (accumulation)
+        return self.optimizer.in_warmup
 
-        bucket.append_op(communicate, "qadam")
+    def close(self, ddp) -> None:
+        if self.optimizer.momentum_communicator is self:
+            self.optimizer.momentum_communicator = None
+
+    # --- MomentumCommunicator (called by QAdamOptimizer.step after warm-up) -----------------------
+    def any_rank(self, flag: bool) -> bool:
+        verdict = torch.tensor([float(flag)])
+        allreduce(verdict, op=ReduceOp.MAX, group=self.process_group)
+        return bool(verdict.item())
+
+    def covers(self, p: torch.Tensor) -> bool:
+        return id(p) in self._covered
+
+    @torch.no_grad()
+    def average_momentum(self) -> None:
+        state = self.optimizer.state
+        for params, scratch in self._momentum_buffers:
+            views, offset = [], 0
+            for p, group in params:
+                m = state[p]["exp_avg"]
+                denom = self.optimizer.denominator(p, group)
+                view = scratch[offset : offset + m.numel()].view(m.shape)
+                torch.div(m, denom, out=view)
+                views.append((m, denom, view))
+                offset += m.numel()
+            if self.node_groups is not None:
+                hierarchical_allreduce(scratch, op=ReduceOp.AVG, compression=COMPRESSION, groups=self.node_groups)
+            else:
+                allreduce(scratch, op=ReduceOp.AVG, group=self.process_group, compression=COMPRESSION)
+            for m, denom, view in views:
+                torch.mul(view, denom, out=m)
 
 
 @Algorithm.register("qadam")
 class QAdamAlgorithm(Algorithm):
-    """QAdam: exact gradient averaging during warm-up, then compressed momentum averaging.
+    """QAdam: exact gradient averaging during warm-up, then compressed momentum averaging in
+    ``QAdamOptimizer.step`` (see the module docstring and ``bagua.optim.QAdamOptimizer``).
 
     Args:
-        q_adam_optimizer: the ``bagua.optim.QAdamOptimizer`` that steps the model.
+        q_adam_optimizer: the ``bagua.optim.QAdamOptimizer`` that steps the model. The wrapper
+            attaches to it until ``close()`` (one at a time: the one built last).
         hierarchical: exact within nodes, compressed across node leaders.
+
+    Example::
+
+        opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=100)
+        model = bagua.DistributedDataParallel(model, [opt], QAdamAlgorithm(opt))
     """
 
     def __init__(self, q_adam_optimizer: QAdamOptimizer, hierarchical: bool = False):

@@ -1,36 +1,80 @@
 """QAdamOptimizer: Adam whose variance freezes after warm-up, so the momentum can be compressed.
 
 During the first ``warmup_steps`` steps it is Adam (L2 weight decay added to the gradient, as
-``torch.optim.Adam`` does). Afterwards the second moment v and its bias correction stay frozen
-and only the momentum m moves; the update is ``lr * m̂ / (sqrt(v̂) + eps)``. That is what lets
-``QAdamAlgorithm`` average the momentum across ranks 8-bit compressed instead of the gradient
-(the scheme of 1-bit Adam, Tang et al. 2021, and Bagua's QAdam). Used alone, the optimizer
-updates the momentum from the local gradient itself.
+``torch.optim.Adam`` does). Then the second moment v and its bias correction freeze, and each
+step only moves the momentum: ``m ← β1·m + (1−β1)·(g + wd·x)`` from the gradient the optimizer
+sees (after clipping, unscaling, accumulation), then ``x ← x − lr · m̂ / (sqrt(v̂) + eps)``.
+That is what lets ``QAdamAlgorithm`` average the momentum across ranks 8-bit compressed instead
+of the gradient (the scheme of 1-bit Adam, Tang et al. 2021, and Bagua's QAdam): it installs a
+``MomentumCommunicator`` as ``optimizer.momentum_communicator``, which ``step`` calls between
+the momentum update and the parameter update. Used alone, the optimizer is a local QAdam.
 
-A coordinate whose gradient was zero throughout warm-up (a dead ReLU unit, an input feature
-that is always 0) has a frozen variance of exactly 0: its update m / (sqrt(0) + eps) would turn
-the compression's rounding noise on a momentum of 0 into steps of up to lr * 1e-7 / eps. Such
-coordinates are left unchanged after warm-up. A coordinate whose gradient was merely tiny
-during warm-up (variance 1e-18 where its tensor's mean is 1e-10) but grows later would step
-by m / sqrt(v) ~ 1e3 and make training diverge (a 4-layer ReLU MLP did within 5 steps): after
-warm-up the frozen variance of every coordinate is floored at ``VARIANCE_FLOOR`` (1%) of its
-tensor's mean.
+When the variance freezes (right after the last warm-up step) each tensor's v is floored, once:
+
+* a coordinate whose gradient was exactly zero throughout warm-up (an embedding row not seen
+  yet, a unit that was dead) has no variance estimate; it gets the mean v of its tensor's
+  coordinates that have one (of all the optimizer's, if none of its tensor's has one), so it
+  trains when its gradients arrive, with steps the size of its neighbours';
+* every other coordinate is floored at ``VARIANCE_FLOOR`` (1%) of that mean: a coordinate whose
+  gradient was merely tiny during warm-up (v 1e-18 where its tensor's mean is 1e-10) but grows
+  later would otherwise step by m / sqrt(v) ~ 1e3 and make training diverge (a 4-layer ReLU MLP
+  did within 5 steps).
+
+Each step then divides by sqrt(v̂) of a floored v, so no coordinate's update can blow up the
+8-bit rounding noise of the momentum averaging (which is done on m / (sqrt(v̂) + eps)).
+
+Deviations from the QAdam / 1-bit Adam papers and from the original Bagua, on purpose: the
+momentum is computed in ``step`` from the processed gradient (the original computed it in
+backward from the raw gradient, so clipping, GradScaler and accumulation were ignored) and it
+includes the L2 weight decay (the original dropped it after warm-up); the variance's bias
+correction freezes with it at ``warmup_steps`` (the original kept dividing by 1 − β2^t); the
+floor above (the original divided by eps alone where v was 0); no error feedback (1-bit Adam
+compensates the compression error; Bagua did not either); warm-up is ``warmup_steps`` Adam
+steps (the original's was one shorter); and the step count is one counter, ``step_count``,
+saved by ``state_dict()`` (the original kept an int ``step`` per parameter).
+
+With a ``torch.amp.GradScaler``, ``scaler.step(optimizer)`` hands this optimizer the scale and
+whether it found inf/NaN gradients (``_step_supports_amp_scaling``): the optimizer unscales the
+gradients itself and skips the step (momentum, variance and step count untouched) when any rank
+found one. After warm-up the gradients are not averaged, so only this rank may have overflowed;
+the skip is then agreed across ranks through the communicator, so every rank skips or none does.
+Each rank's scaler still backs off on its own overflows only; the scale does not change the
+unscaled gradient, so the ranks stay identical.
 
 Example::
 
     opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=100)
     model = bagua.DistributedDataParallel(model, [opt], bagua.algorithms.QAdamAlgorithm(opt))
+    for x, y in loader:
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)   # seen by the momentum
+        opt.step()
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Protocol
 
 import torch
 
-
 # After warm-up each coordinate's frozen variance is at least this fraction of its tensor's mean.
 VARIANCE_FLOOR = 0.01
+
+
+class MomentumCommunicator(Protocol):
+    """What ``QAdamOptimizer.step`` calls after warm-up when set as ``momentum_communicator``
+    (``QAdamAlgorithm`` installs one). Every rank calls the methods in the same order."""
+
+    def any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any rank (a skipped step must be skipped everywhere)."""
+
+    def covers(self, p: torch.Tensor) -> bool:
+        """Whether ``p``'s momentum is averaged: then ``p`` steps on every rank, a gradient that
+        is None on this rank (a parameter unused here this step) counting as zero."""
+
+    def average_momentum(self) -> None:
+        """Replace every parameter's ``exp_avg`` by its average over the ranks, in place."""
 
 
 class QAdamOptimizer(torch.optim.Optimizer):
@@ -40,7 +84,19 @@ class QAdamOptimizer(torch.optim.Optimizer):
         params: parameters or param groups.
         lr, betas, eps, weight_decay: as ``torch.optim.Adam``.
         warmup_steps: steps of plain Adam before the variance freezes (>= 1).
+
+    ``step_count`` counts the steps taken (skipped GradScaler steps excluded); ``state_dict()``
+    holds it beside torch's usual ``state`` and ``param_groups``.
+
+    Example::
+
+        opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=100)
+        loss_fn(model(x), y).backward()
+        opt.step()
     """
+
+    # torch.amp.GradScaler.step then calls step() with self.grad_scale and self.found_inf set
+    _step_supports_amp_scaling = True
 
     def __init__(
         self,
@@ -63,63 +119,137 @@ class QAdamOptimizer(torch.optim.Optimizer):
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.warmup_steps = warmup_steps
-        self.step_count = 0
-        # set by QAdamAlgorithm: after warm-up it computes (and averages) the momentum itself
-        self.momentum_from_algorithm = False
+        self._init_runtime(0)
         for group in self.param_groups:
             for p in group["params"]:
                 self.state[p]["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 self.state[p]["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
+    def _init_runtime(self, step_count: int) -> None:
+        self.step_count = step_count
+        self.momentum_communicator: Optional[MomentumCommunicator] = None
+        # The last warm-up step sets it; the step post hook then floors each tensor's variance. A
+        # hook, because fuse_step runs step() on flat runs spanning many tensors (a per-tensor mean
+        # cannot be taken there) and the hooks around it, on the parameters themselves.
+        self._freeze_pending = False
+        self.register_step_post_hook(_freeze_variance)
+
+    # --- pickling / checkpoints ---------------------------------------------------------------
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), "warmup_steps": self.warmup_steps, "step_count": self.step_count}
+
+    def __setstate__(self, state: dict) -> None:
+        step_count = state.pop("step_count", None)  # absent when torch's load_state_dict calls us
+        super().__setstate__(state)
+        if step_count is not None:  # unpickled (or deep-copied): not attached to any algorithm
+            self._init_runtime(step_count)
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's optimizer state dict plus ``"step_count"``."""
+        return {**super().state_dict(), "step_count": self.step_count}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load what ``state_dict()`` returned, step count included (so warm-up does not restart).
+        The state tensors are replaced; an attached ``QAdamAlgorithm`` reads them afresh each step."""
+        if "step_count" not in state_dict:
+            raise ValueError(
+                "QAdamOptimizer.load_state_dict: the state dict has no 'step_count' (it was not saved by "
+                "QAdamOptimizer.state_dict()); without it warm-up would restart. Save with "
+                "QAdamOptimizer.state_dict(), or add state_dict['step_count'] = <steps taken>."
+            )
+        step_count = state_dict["step_count"]
+        super().load_state_dict({k: v for k, v in state_dict.items() if k != "step_count"})
+        self.step_count = int(step_count)
+        self._freeze_pending = False  # a state saved after the last warm-up step is already floored
+
+    # --- the update ---------------------------------------------------------------------------
     @property
     def in_warmup(self) -> bool:
         """Whether the next ``step()`` is a warm-up (plain Adam) step."""
         return self.step_count < self.warmup_steps
 
-    @staticmethod
-    def momentum_input(p: torch.Tensor, group: dict) -> torch.Tensor:
-        """The gradient the moments see: ``grad + weight_decay * p``."""
-        return p.grad.add(p, alpha=group["weight_decay"]) if group["weight_decay"] else p.grad
-
-    def denominator(self, p: torch.Tensor, group: dict, t: int | None = None) -> torch.Tensor:
-        """``sqrt(v / (1 - beta2^t)) + eps`` for ``p`` at warm-up step ``t``; without ``t``, the
-        frozen denominator of every step after warm-up, where v is floored at
-        ``VARIANCE_FLOOR`` times the mean of p's v (see the module docstring)."""
-        v = self.state[p]["exp_avg_sq"]
-        if t is None:
-            t = self.warmup_steps
-            v = torch.maximum(v, v.mean() * VARIANCE_FLOOR)
-        return (v / (1 - group["betas"][1] ** t)).sqrt_().add_(group["eps"])
+    def denominator(self, p: torch.Tensor, group: dict, t: Optional[int] = None) -> torch.Tensor:
+        """``sqrt(v / (1 - beta2^t)) + eps`` for ``p``; without ``t``, the frozen denominator
+        of every step after warm-up (``t = warmup_steps``, v floored when it froze)."""
+        t = self.warmup_steps if t is None else t
+        return (self.state[p]["exp_avg_sq"] / (1 - group["betas"][1] ** t)).sqrt_().add_(group["eps"])
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+        """One QAdam step (the closure, if given, runs first); returns the closure's loss.
+
+        Example::
+
+            def closure():
+                opt.zero_grad()
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                return loss
+
+            loss = opt.step(closure)
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         warmup = self.in_warmup
+        communicator = None if warmup else self.momentum_communicator
+        found_inf = getattr(self, "found_inf", None)  # set by GradScaler.step for this call
+        if found_inf is not None:
+            skip = bool(found_inf.item())
+            if communicator is not None:  # in warm-up the averaged gradients overflowed on all ranks alike
+                skip = communicator.any_rank(skip)
+            if skip:
+                return loss
+        params = [
+            (p, group) for group in self.param_groups for p in group["params"]
+            if p.grad is not None or (communicator is not None and communicator.covers(p))
+        ]  # fmt: skip
+        grads = [p.grad for p, _ in params if p.grad is not None]
+        if any(g.is_sparse for g in grads):
+            raise RuntimeError("QAdamOptimizer does not support sparse gradients")
+        grad_scale = getattr(self, "grad_scale", None)
+        if grad_scale is not None and grads:
+            inv_scale = float(grad_scale.double().reciprocal().float())  # as GradScaler.unscale_
+            torch._foreach_mul_(grads, inv_scale)
         self.step_count += 1
         t = self.step_count
-        for group in self.param_groups:
+        for p, group in params:
             beta1, beta2 = group["betas"]
-            bias1 = 1 - beta1 ** t
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("QAdamOptimizer does not support sparse gradients")
-                state = self.state[p]
-                m, v = state["exp_avg"], state["exp_avg_sq"]
-                if warmup or not self.momentum_from_algorithm:
-                    g = self.momentum_input(p, group)
-                    m.mul_(beta1).add_(g, alpha=1 - beta1)
-                    if warmup:
-                        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-                denom = self.denominator(p, group, t) if warmup else self.denominator(p, group)
-                if not warmup:  # coordinates with no variance estimate stay put (module docstring)
-                    m = m.masked_fill(v == 0, 0.0)
-                p.addcdiv_(m, denom, value=-group["lr"] / bias1)
+            g = torch.zeros_like(p) if p.grad is None else p.grad
+            if group["weight_decay"]:
+                g = g.add(p, alpha=group["weight_decay"])
+            self.state[p]["exp_avg"].mul_(beta1).add_(g, alpha=1 - beta1)
+            if warmup:
+                self.state[p]["exp_avg_sq"].mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        if communicator is not None:
+            communicator.average_momentum()
+        for p, group in params:
+            denom = self.denominator(p, group, t if warmup else None)
+            p.addcdiv_(self.state[p]["exp_avg"], denom, value=-group["lr"] / (1 - group["betas"][0] ** t))
+        self._freeze_pending = warmup and t == self.warmup_steps
         return loss
 
 
-__all__ = ["QAdamOptimizer"]
+@torch.no_grad()
+def _freeze_variance(optimizer: QAdamOptimizer, args: tuple, kwargs: dict) -> None:
+    """Step post hook: after the last warm-up step, floor each tensor's v once (module docstring)."""
+    if not optimizer._freeze_pending:
+        return
+    optimizer._freeze_pending = False
+    variances = [optimizer.state[p]["exp_avg_sq"] for group in optimizer.param_groups for p in group["params"]]
+    known = [int(torch.count_nonzero(v)) for v in variances]
+    if not any(known):
+        raise RuntimeError(
+            f"QAdamOptimizer: every gradient was exactly zero during the {optimizer.warmup_steps} warm-up "
+            f"steps, so there is no variance to freeze; check that the loss depends on the parameters, "
+            f"or use a larger warmup_steps"
+        )
+    fallback = sum(v.sum() for v in variances) / sum(known)  # mean over every coordinate with an estimate
+    for v, n in zip(variances, known):
+        mean = v.sum() / n if n else fallback
+        unknown = v == 0
+        v.clamp_(min=VARIANCE_FLOOR * mean).masked_fill_(unknown, mean)
+
+
+__all__ = ["MomentumCommunicator", "QAdamOptimizer"]
