@@ -88,6 +88,9 @@ ALL_VARIANTS = (
     "ddp", "ddp-10MB", "ddp-fp16", "gradient_allreduce", "gradient_allreduce-10MB", "bytegrad",
     "bytegrad-10MB", "decentralized", "low_precision_decentralized", "async", "qadam",
 )
+# A BatchNorm after every hidden layer, with the buffers broadcast every step (both wrappers'
+# default) and without (-nobuf): what broadcast_buffers costs each of them.
+BUFFER_VARIANTS = ("ddp-bn", "ddp-bn-nobuf", "gradient_allreduce-bn", "gradient_allreduce-bn-nobuf")
 NETWORK_VARIANTS = (
     "ddp", "ddp-fp16", "gradient_allreduce", "bytegrad", "decentralized",
     "low_precision_decentralized", "async", "qadam",
@@ -104,6 +107,10 @@ LABELS = {
     "low_precision_decentralized": "bagua low_precision_decentralized",
     "async": "bagua async",
     "qadam": "bagua qadam (Adam)",
+    "ddp-bn": "torch DDP, BatchNorm, buffers broadcast",
+    "ddp-bn-nobuf": "torch DDP, BatchNorm, broadcast_buffers=False",
+    "gradient_allreduce-bn": "bagua gradient_allreduce, BatchNorm, buffers broadcast",
+    "gradient_allreduce-bn-nobuf": "bagua gradient_allreduce, BatchNorm, broadcast_buffers=False",
 }
 
 
@@ -133,7 +140,7 @@ def mlp_params(dims: Sequence[int]) -> int:
     return sum(a * b + b for a, b in zip(dims[:-1], dims[1:]))
 
 
-def make_model(dims: Sequence[int], seed: int = 0):
+def make_model(dims: Sequence[int], seed: int = 0, batchnorm: bool = False):
     import torch
 
     torch.manual_seed(seed)
@@ -141,6 +148,8 @@ def make_model(dims: Sequence[int], seed: int = 0):
     for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
         layers.append(torch.nn.Linear(a, b))
         if i < len(dims) - 2:
+            if batchnorm:
+                layers.append(torch.nn.BatchNorm1d(b))
             layers.append(torch.nn.ReLU())
     return torch.nn.Sequential(*layers)
 
@@ -175,7 +184,8 @@ class Variant:
         self.name = name
         self.is_torch = name.startswith("ddp")
         self.algo = None
-        model = make_model(dims).to(device)
+        broadcast_buffers = not name.endswith("-nobuf")
+        model = make_model(dims, batchnorm="-bn" in name).to(device)
         if name == "qadam":
             self.opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=max(1, warmup),
                                                   eps=qadam_eps)
@@ -184,13 +194,13 @@ class Variant:
         if self.is_torch:
             cap = 10 if name == "ddp-10MB" else 25
             kw = {"device_ids": [torch.cuda.current_device()]} if device == "cuda" else {}
-            self.model = TorchDDP(model, bucket_cap_mb=cap, **kw)
+            self.model = TorchDDP(model, bucket_cap_mb=cap, forward_sync_buffers=broadcast_buffers, **kw)
             if name == "ddp-fp16":
                 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
                 self.model.register_comm_hook(state=None, hook=default_hooks.fp16_compress_hook)
         else:
-            base = name.split("-10MB")[0]
+            base = name.split("-")[0]
             if base == "qadam":
                 algo = bagua.algorithms.QAdamAlgorithm(self.opt)
             elif base == "async":
@@ -200,7 +210,8 @@ class Variant:
                 algo = bagua.algorithms.Algorithm.init(base)
             self.algo = algo
             size = 10 * MIB if name.endswith("-10MB") else bagua.parallel.ddp.DEFAULT_BUCKET_SIZE_BYTES
-            self.model = bagua.DistributedDataParallel(model, [self.opt], algorithm=algo, bucket_size_bytes=size)
+            self.model = bagua.DistributedDataParallel(model, [self.opt], algorithm=algo, bucket_size_bytes=size,
+                                                       broadcast_buffers=broadcast_buffers)
         self.grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         self.last_step_bytes: list[int] = []
         self._async_running = False
@@ -507,6 +518,14 @@ def key_summary(jobs: list[dict[str, Any]], gpu: Optional[dict[str, Any]]) -> tu
                     rr = vs[a]["step_s"] / vs[b]["step_s"]
                     key[f"{a}_over_{b}"] = rr
                     lines.append(f"  loopback {a}/{b} step time: {rr:.3f} (paired blocks {_paired_ratio(j, a, b):.3f})")
+        if all(n in vs for n in BUFFER_VARIANTS):  # what broadcasting the buffers adds to a step
+            for who in ("ddp", "gradient_allreduce"):
+                extra = vs[f"{who}-bn"]["step_s"] - vs[f"{who}-bn-nobuf"]["step_s"]
+                key[f"{who}_broadcast_buffers_ms"] = extra * 1e3
+            ours, theirs = key["gradient_allreduce_broadcast_buffers_ms"], key["ddp_broadcast_buffers_ms"]
+            lines.append(f"  loopback broadcast_buffers adds {ours:.2f} ms to a bagua step, {theirs:.2f} ms to a torch DDP step "
+                         f"(BatchNorm model; bn/bn-nobuf paired: bagua {_paired_ratio(j, 'gradient_allreduce-bn', 'gradient_allreduce-bn-nobuf'):.3f}, "
+                         f"torch {_paired_ratio(j, 'ddp-bn', 'ddp-bn-nobuf'):.3f})")
     for j in jobs:
         if j["link"] != "netns":
             continue
@@ -656,7 +675,7 @@ def report(jobs: list[dict[str, Any]], gpu: Optional[dict[str, Any]], args: argp
     print("\n" + "=" * 110)
     print(f"Training step time, torch DDP vs bagua.DistributedDataParallel; step: median over timed steps, "
           f"max over ranks; {elapsed:.0f}s total")
-    for n in ALL_VARIANTS:
+    for n in ALL_VARIANTS + BUFFER_VARIANTS:
         print(f"  {n:<28} {LABELS[n]}")
     for job in jobs:
         print()
@@ -699,7 +718,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=10, help="loopback repetitions (default 10)")
     p.add_argument("--block", type=int, default=5, help="loopback steps per block (default 5)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant first (default 3)")
-    p.add_argument("--variants", nargs="+", choices=ALL_VARIANTS, default=None,
+    p.add_argument("--variants", nargs="+", choices=ALL_VARIANTS + BUFFER_VARIANTS, default=None,
                    help="variants (loopback / worker; default all ten)")
     # network
     p.add_argument("--rates", nargs="*", default=["1gbit", "100mbit"], help="tbf rates (default 1gbit 100mbit)")
@@ -709,7 +728,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--net-reps", type=int, default=2, help="network repetitions (default 2)")
     p.add_argument("--net-block", type=int, default=10, help="network steps per block (default 10: epoch = 20 steps)")
     p.add_argument("--net-warmup", type=int, default=1, help="network untimed steps per variant (default 1)")
-    p.add_argument("--net-variants", nargs="+", choices=ALL_VARIANTS, default=None,
+    p.add_argument("--net-variants", nargs="+", choices=ALL_VARIANTS + BUFFER_VARIANTS, default=None,
                    help="network variants (default the eight without the bucket sweep)")
     # common
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1: 2 ranks on 2 cores)")
