@@ -50,17 +50,12 @@ def append_gradient_allreduce(
 def hierarchical_node_groups(process_group: BaguaProcessGroup) -> NodeGroups:
     """Private node communicators for a hierarchical algorithm over ``process_group``, which
     must hold the whole job (the node groups span it)."""
-    check_hierarchical_group(process_group)
-    return new_node_groups()
-
-
-def check_hierarchical_group(process_group: BaguaProcessGroup) -> None:
-    """Hierarchical communication runs over the node groups of the whole job."""
     if process_group.ranks != get_default_group().ranks:
         raise ValueError(
             f"hierarchical=True needs the global process group (the node groups span the whole job), "
             f"got a group of ranks {list(process_group.ranks)}; use hierarchical=False for subgroups"
         )
+    return new_node_groups()
 
 
 class GradientAllReduceImpl(AlgorithmImpl):

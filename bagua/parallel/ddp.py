@@ -140,8 +140,9 @@ class DistributedDataParallel(torch.nn.Module):
         for opt in self.optimizers:
             self._hooks.append(opt.register_step_pre_hook(self._step_pre_hook))
             self._hooks.append(opt.register_step_post_hook(lambda *_: self.impl.on_optimizer_step_post(self)))
-        self._hooks.append(module.register_load_state_dict_post_hook(lambda *_: self.impl.on_weights_loaded(self)))
-        module._bagua_wrapper = weakref.ref(self)
+        link = _WrapperLink(self)
+        self._hooks.append(module.register_load_state_dict_post_hook(link.weights_loaded))
+        module._bagua_wrapper = link
         self.impl.on_wrapped(self)
 
     # --- buckets ------------------------------------------------------------------------------
@@ -500,6 +501,26 @@ class DistributedDataParallel(torch.nn.Module):
 
     def __repr__(self) -> str:
         return f"bagua.DistributedDataParallel({self.algorithm!r}, {len(self.buckets)} buckets)\n  {self.module!r}"
+
+
+class _WrapperLink:
+    """The wrapped module's link back to its wrapper: a weak reference (the module does not keep
+    the wrapper alive) that a copy or a pickle of the module gets inert."""
+
+    def __init__(self, wrapper: Optional["DistributedDataParallel"] = None):
+        self._ref = weakref.ref(wrapper) if wrapper is not None else None
+
+    def __call__(self) -> Optional["DistributedDataParallel"]:
+        return None if self._ref is None else self._ref()
+
+    def __reduce__(self):
+        return (_WrapperLink, ())
+
+    def weights_loaded(self, module: torch.nn.Module, incompatible_keys: Any) -> None:
+        """The module's load_state_dict post hook: tell the algorithm."""
+        wrapper = self()
+        if wrapper is not None and not wrapper._closed:
+            wrapper.impl.on_weights_loaded(wrapper)
 
 
 def _check_module(module: Any) -> None:

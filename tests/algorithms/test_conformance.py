@@ -369,16 +369,12 @@ def row(request):
     return name, fused, results
 
 
-def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return torch.equal(a, b)
-
-
 def test_closure_equals_plain_step(row):
     name, _, results = row
     for r in results:
         assert torch.isfinite(r["closure"]).all()
         if name in DETERMINISTIC:
-            assert _equal(r["closure"], r["plain"]), name
+            assert torch.equal(r["closure"], r["plain"]), name
 
 
 def test_eval_forwards_on_all_ranks_and_on_rank0_alone_change_nothing(row):
@@ -387,14 +383,14 @@ def test_eval_forwards_on_all_ranks_and_on_rank0_alone_change_nothing(row):
         params, steps = r["eval"]
         assert steps == STEPS  # evaluation forwards are not steps
         if name in DETERMINISTIC:
-            assert _equal(params, r["plain"]), name
+            assert torch.equal(params, r["plain"]), name
 
 
 def test_a_users_collective_during_forward_neither_hangs_nor_changes_training(row):
     name, _, results = row
     for r in results:
         if name in DETERMINISTIC:
-            assert _equal(r["user_allreduce"], r["plain"]), name
+            assert torch.equal(r["user_allreduce"], r["plain"]), name
 
 
 def test_accumulation_under_no_sync_equals_one_big_batch(row):
@@ -423,7 +419,7 @@ def test_grad_scaler_overflow_on_one_rank_skips_the_step_everywhere(row):
             if fused:  # GradScaler calls step(), the reference fuse_step(): the same math, other rounding
                 torch.testing.assert_close(params, r["skip_step_two"], rtol=1e-6, atol=1e-7)
             else:
-                assert _equal(params, r["skip_step_two"]), name
+                assert torch.equal(params, r["skip_step_two"]), name
 
 
 def test_a_raising_step_then_good_steps(row):
@@ -431,7 +427,7 @@ def test_a_raising_step_then_good_steps(row):
     for r in results:
         assert torch.isfinite(r["raising_step"]).all()
         if name in DETERMINISTIC:
-            assert _equal(r["raising_step"], r["skip_step_two"]), name
+            assert torch.equal(r["raising_step"], r["skip_step_two"]), name
 
 
 def test_an_exception_inside_backward_is_recovered_at_the_next_step(row):
@@ -439,7 +435,7 @@ def test_an_exception_inside_backward_is_recovered_at_the_next_step(row):
     for r in results:
         assert torch.isfinite(r["backward_raises"]).all()
     if name in IDENTICAL:
-        assert _equal(results[0]["backward_raises"], results[1]["backward_raises"])
+        assert torch.equal(results[0]["backward_raises"], results[1]["backward_raises"])
 
 
 def test_clipping_never_makes_updates_larger(row):
@@ -458,7 +454,7 @@ def test_a_resumed_checkpoint_continues_exactly(row, when):
     for r in results:
         assert torch.isfinite(r[when]).all()
         if name in DETERMINISTIC:
-            assert _equal(r[when], r["plain"]), (name, (r[when] - r["plain"]).abs().max())
+            assert torch.equal(r[when], r["plain"]), (name, (r[when] - r["plain"]).abs().max())
 
 
 def test_bf16_autocast_trains(row):
@@ -466,7 +462,7 @@ def test_bf16_autocast_trains(row):
     for r in results:
         assert torch.isfinite(r["bf16"]).all()
     if name in IDENTICAL:
-        assert _equal(results[0]["bf16"], results[1]["bf16"])
+        assert torch.equal(results[0]["bf16"], results[1]["bf16"])
 
 
 def test_batchnorm_buffers_and_eval_outputs_are_identical_across_ranks(row):
@@ -482,10 +478,10 @@ def test_gradient_allreduce_is_bit_equal_to_torch_ddp(row):
     if "torch" not in results[0]:
         pytest.skip("torch DDP is the reference of the unfused gradient_allreduce row only")
     for r in results:
-        assert _equal(r["plain"], r["torch"]["plain"])
-        assert _equal(r["clip"][0], r["torch"]["clip"])
-        assert _equal(r["scaler"][0], r["torch"]["scaler"])
-        assert _equal(r["bf16"], r["torch"]["bf16"])
+        assert torch.equal(r["plain"], r["torch"]["plain"])
+        assert torch.equal(r["clip"][0], r["torch"]["clip"])
+        assert torch.equal(r["scaler"][0], r["torch"]["scaler"])
+        assert torch.equal(r["bf16"], r["torch"]["bf16"])
 
 
 def test_replicas_stay_identical(row):
@@ -493,4 +489,4 @@ def test_replicas_stay_identical(row):
     if name not in IDENTICAL:
         pytest.skip(f"{name} keeps replicas apart between averaging rounds by design")
     for key in ("plain", "closure", "user_allreduce", "skip_step_two", "raising_step"):
-        assert _equal(results[0][key], results[1][key]), key
+        assert torch.equal(results[0][key], results[1][key]), key

@@ -27,6 +27,17 @@ def _wrap_bagua(model, opt, **kwargs):
     return bagua.DistributedDataParallel(model, [opt], **kwargs)
 
 
+def _train(ddp, opt, batches, sent=None):
+    """The plain loop; with ``sent``, the bytes bagua sent in each step are appended to it."""
+    for x, y in batches:
+        before = bagua.comm.bytes_sent()
+        opt.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+        opt.step()
+        if sent is not None:
+            sent.append(bagua.comm.bytes_sent() - before)
+
+
 def _grads(model):
     return [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
 
@@ -103,11 +114,7 @@ def _loops_job(rank: int) -> dict:
     for name, wrap in (("torch", lambda m, o: _wrap_torch(m)), ("bagua", lambda m, o: _wrap_bagua(m, o))):
         model = _BatchNormNet()
         opt = sgd(model.parameters())
-        ddp = wrap(model, opt)
-        for x, y in batches:
-            opt.zero_grad()
-            F.cross_entropy(ddp(x), y).backward()
-            opt.step()
+        _train(wrap(model, opt), opt, batches)
         model.eval()
         with torch.no_grad():
             out[f"bn_{name}_eval"] = model(x_eval)
@@ -135,14 +142,8 @@ def _loops_job(rank: int) -> dict:
                            ("bagua", lambda m, o: _wrap_bagua(m, o, find_unused_parameters=find_unused))):
             model = _Checkpointed()
             opt = sgd(model.parameters())
-            ddp = wrap(model, opt)
             sent = []
-            for x, y in batches:
-                before = bagua.comm.bytes_sent()
-                opt.zero_grad()
-                F.cross_entropy(ddp(x), y).backward()
-                opt.step()
-                sent.append(bagua.comm.bytes_sent() - before)
+            _train(wrap(model, opt), opt, batches, sent)
             out[f"ckpt_{name}_{find_unused}"] = flat_params(model)
             out[f"ckpt_sent_{find_unused}"] = sent
     return out
@@ -209,10 +210,7 @@ def _api_job(rank: int) -> dict:
         model = make_model(seed=rank)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         ddp = wrap(model, opt)
-        for x, y in batches:
-            opt.zero_grad()
-            F.cross_entropy(ddp(x), y).backward()
-            opt.step()
+        _train(ddp, opt, batches)
         out[f"kwargs_{name}"] = flat_params(model)
         if name == "bagua":
             out["buckets"] = len(ddp.buckets)
@@ -223,10 +221,7 @@ def _api_job(rank: int) -> dict:
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         ddp = _wrap_torch(model) if name == "torch" else _wrap_bagua(model, opt)
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        for x, y in batches:
-            opt.zero_grad()
-            F.cross_entropy(ddp(x), y).backward()
-            opt.step()
+        _train(ddp, opt, batches)
         out[f"hook_{name}"] = flat_params(model)
 
     # join(): rank 0 has 5 batches, rank 1 has 2
@@ -237,10 +232,7 @@ def _api_job(rank: int) -> dict:
             opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
             ddp = _wrap_torch(model) if name == "torch" else _wrap_bagua(model, opt)
             with ddp.join(divide_by_initial_world_size=divide):
-                for x, y in uneven:
-                    opt.zero_grad()
-                    F.cross_entropy(ddp(x), y).backward()
-                    opt.step()
+                _train(ddp, opt, uneven)
             out[f"join_{name}_{divide}"] = flat_params(model)
             if name == "bagua":
                 out[f"join_momentum_{divide}"] = torch.cat([opt.state[p]["momentum_buffer"].reshape(-1) for p in model.parameters()])
@@ -284,10 +276,7 @@ def _optimizer_state_job(rank: int) -> dict:
         opt.zero_grad()
     ddp = bagua.DistributedDataParallel(model, [opt])
     momentum = [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()]
-    for x, y in rank_batches(rank, 2):
-        opt.zero_grad()
-        F.cross_entropy(ddp(x), y).backward()
-        opt.step()
+    _train(ddp, opt, rank_batches(rank, 2))
     return momentum, flat_params(model)
 
 
@@ -326,10 +315,7 @@ def _sharp_edges(rank: int) -> dict:
         model = _Transposed()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         ddp = _wrap_torch(model) if name == "torch" else _wrap_bagua(model, opt)
-        for x, y in rank_batches(rank, 2):
-            opt.zero_grad()
-            F.cross_entropy(ddp(x), y).backward()
-            opt.step()
+        _train(ddp, opt, rank_batches(rank, 2))
         out[name] = flat_params(model)
 
     model = make_model()
