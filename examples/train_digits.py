@@ -48,6 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), f"bagua-digits-cache-{os.getuid()}"),
                         help="LMDB cache of the transformed training samples (emptied at start)")
     parser.add_argument("--no-cache", action="store_true", help="compute every sample every epoch")
+    parser.add_argument("--no-fuse", action="store_true", help="keep the optimizer unfused (step() instead of fuse_step())")
     args = parser.parse_args(argv)
     if args.epochs < 1:
         parser.error(f"--epochs must be at least 1, got {args.epochs}")
@@ -141,14 +142,14 @@ def make_algorithm(name: str, optimizer: torch.optim.Optimizer) -> bagua.algorit
     return bagua.algorithms.Algorithm.init(name)
 
 
-def make_optimizer(name: str, params, lr) -> torch.optim.Optimizer:
+def make_optimizer(name: str, params, lr, fuse: bool = True) -> torch.optim.Optimizer:
     if name == "qadam":
         optimizer = bagua.optim.QAdamOptimizer(params, lr=lr or 0.003, warmup_steps=50)
     else:
         optimizer = torch.optim.SGD(params, lr=lr or 0.1, momentum=0.9)
     # Parameters, gradients and momentum in flat buffers: fuse_step() updates them all at once
     # (fuse before wrapping: the wrapper then communicates the same flat gradient buffer).
-    return bagua.optim.fuse_optimizer(optimizer)
+    return bagua.optim.fuse_optimizer(optimizer) if fuse else optimizer
 
 
 @torch.no_grad()
@@ -178,7 +179,8 @@ def train(args: argparse.Namespace, log=print) -> dict:
 
     torch.manual_seed(args.seed)
     model = make_model()
-    optimizer = make_optimizer(args.algorithm, model.parameters(), args.lr)
+    optimizer = make_optimizer(args.algorithm, model.parameters(), args.lr, fuse=not args.no_fuse)
+    step = optimizer.step if args.no_fuse else optimizer.fuse_step
     algorithm = make_algorithm(args.algorithm, optimizer)
     # The one line: broadcasts rank 0's weights, then communicates as the algorithm says.
     ddp = bagua.DistributedDataParallel(model, optimizers=[optimizer], algorithm=algorithm)
@@ -195,11 +197,11 @@ def train(args: argparse.Namespace, log=print) -> dict:
         batches = tqdm(loader, desc=f"epoch {epoch}", leave=False, disable=True if rank else None)
         for x, y in batches:
             data_s += time.perf_counter() - fetch_start
-            optimizer.zero_grad()  # before forward: the wrapper then puts the gradients back in its buckets
+            optimizer.zero_grad()
             logits = ddp(x)
             loss = F.cross_entropy(logits, y)
             loss.backward()
-            optimizer.fuse_step()
+            step()
             n = y.numel()
             stats += torch.tensor([loss.item() * n, (logits.argmax(dim=1) == y).sum().item(), n],
                                   dtype=torch.float64)

@@ -202,7 +202,13 @@ class DistributedDataParallel(torch.nn.Module):
             self._sync_backward = False  # inside no_sync(): backward accumulates locally
             return self.module(*args, **kwargs)
         self._begin_step()
-        return self._watch_backward_start(self.module(*args, **kwargs))
+        output = self.module(*args, **kwargs)
+        if self._buffer_broadcast and self.impl.broadcasts_buffers(self):
+            self._buffer_broadcast.start(self._buffer_source())  # overlaps with backward
+        return self._watch_backward_start(output)
+
+    def _buffer_source(self) -> int:
+        return self._src if self._join is None else self._join.authoritative_rank()
 
     def _begin_step(self) -> None:
         if self._closed:
@@ -308,9 +314,8 @@ class DistributedDataParallel(torch.nn.Module):
         self._used.clear()
         if self._join is not None:
             self._join.scale_gradients()
-        if self._buffer_broadcast and self.impl.broadcasts_buffers(self):
-            src = self._src if self._join is None else self._join.authoritative_rank()
-            self._buffer_broadcast.broadcast(src)
+        if self._buffer_broadcast:
+            self._buffer_broadcast.finish()
         self.impl.on_backward_end(self)
 
     def _shadow_step(self) -> None:
@@ -319,6 +324,8 @@ class DistributedDataParallel(torch.nn.Module):
         with torch.no_grad():
             for bucket in self.buckets:
                 bucket.flat.zero_()
+        if self._buffer_broadcast and self.impl.broadcasts_buffers(self):
+            self._buffer_broadcast.start(self._buffer_source())
         self.mark_all_ready()
         try:
             self.engine.wait()
@@ -367,7 +374,8 @@ class DistributedDataParallel(torch.nn.Module):
         if self._buffer_broadcast is None:
             self._buffer_broadcast = BufferBroadcast(self.module, self.comm_group)
         if self._buffer_broadcast:
-            self._buffer_broadcast.broadcast(self._src)
+            self._buffer_broadcast.start(self._src)
+            self._buffer_broadcast.finish()
 
     def reset(self) -> None:
         """Abandon a step whose backward raised (a skipped out-of-memory batch): wait for the
@@ -382,6 +390,8 @@ class DistributedDataParallel(torch.nn.Module):
                 model.reset(); opt.zero_grad(); continue
         """
         self._drain_engine()
+        if self._buffer_broadcast:
+            self._buffer_broadcast.finish()
         self._callback_queued = False
         self._sync_backward = False
         self._used.clear()

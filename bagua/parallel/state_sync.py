@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import torch
 
 from .. import comm
-from ..comm import BaguaProcessGroup, Bucket
+from ..comm import BaguaProcessGroup
 from ..comm.checks import trusted
 
 
@@ -85,35 +85,44 @@ def broadcast_tensors(tensors: Sequence[torch.Tensor], group: BaguaProcessGroup,
 
 
 class BufferBroadcast:
-    """The module's buffers as views of one flat buffer per dtype, broadcast from a source rank
-    in one message each (the ``broadcast_buffers`` of torch DDP, coalesced)."""
+    """The module's buffers broadcast from a source rank, one message per dtype (torch DDP's
+    ``broadcast_buffers``, coalesced), on a communicator of its own so that it can overlap with
+    backward: ``start`` snapshots the buffers (on the source) after forward, ``finish`` copies
+    what arrived into the live buffers (elsewhere) once backward is over. Backward never sees a
+    buffer change under it."""
 
     def __init__(self, module: torch.nn.Module, group: BaguaProcessGroup):
-        self.module, self.group = module, group
-        self.buckets = self._build()
-
-    def _build(self) -> list[Bucket]:
-        unique = list({id(b): b for b in self.module.buffers()}.values())
-        by_kind: dict[tuple, list[torch.Tensor]] = {}
-        for b in unique:
-            by_kind.setdefault((b.dtype, b.device), []).append(b)
-        return [Bucket(same, name=f"buffers[{dtype}]") for (dtype, _), same in by_kind.items()]
+        self.module = module
+        self.ranks = list(group.ranks)
+        self.group: BaguaProcessGroup | None = None  # made at the first broadcast, on every rank
+        self._pending: list[tuple[comm.Handle, torch.Tensor, list[torch.Tensor]]] = []
+        self._receiving = False
 
     def __bool__(self) -> bool:
-        return bool(self.buckets)
+        return any(True for _ in self.module.buffers())
 
-    def broadcast(self, src: int) -> None:
-        """Every rank's buffers become ``src``'s. A buffer the module replaced (rather than
-        updated in place) is taken into a rebuilt flat buffer first."""
-        if not all(b.is_intact() for b in self.buckets) or self._replaced():
-            self.buckets = self._build()
-        with trusted():  # every rank holds the same buffers: checked at wrap time
-            for bucket in self.buckets:
-                comm.broadcast(bucket.flat, src=src, group=self.group)
+    def start(self, src: int) -> None:
+        """Launch the broadcast of ``src``'s current buffers (every rank calls it)."""
+        self.finish()
+        if self.group is None:
+            self.group = comm.new_group(self.ranks)
+        by_kind: dict[tuple, list[torch.Tensor]] = {}
+        for b in {id(b): b for b in self.module.buffers()}.values():
+            by_kind.setdefault((b.dtype, b.device), []).append(b)
+        self._receiving = comm.get_rank() != src
+        with torch.no_grad(), trusted():  # every rank holds the same buffers: checked at wrap time
+            for same in by_kind.values():
+                flat = torch.cat([b.detach().reshape(-1) for b in same])
+                self._pending.append((comm.broadcast(flat, src=src, group=self.group, async_op=True), flat, same))
 
-    def _replaced(self) -> bool:
-        ours = {id(t) for b in self.buckets for t in b.tensors}
-        return any(id(b) not in ours for b in self.module.buffers())
+    def finish(self) -> None:
+        """Wait for a started broadcast and take its values (no-op when none is pending)."""
+        pending, self._pending = self._pending, []
+        for handle, flat, same in pending:
+            handle.wait()
+            if self._receiving:
+                with torch.no_grad():
+                    torch._foreach_copy_(same, [v.view_as(b) for v, b in zip(flat.split([b.numel() for b in same]), same)])
 
 
 def sync_optimizer_states(optimizers: Sequence[torch.optim.Optimizer], group: BaguaProcessGroup, src: int) -> None:
