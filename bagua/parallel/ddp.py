@@ -33,6 +33,7 @@ from torch.utils._pytree import tree_flatten
 from .. import comm
 from ..algorithms.base import Algorithm, AlgorithmImpl, resolve
 from ..comm import Bucket, Engine
+from ..comm.checks import trusted
 from ..optim.fused import gradient_home
 from . import comm_hook, join as _join
 from .state_sync import BufferBroadcast, broadcast_tensors, check_same_model, sync_optimizer_states
@@ -82,8 +83,8 @@ class DistributedDataParallel(torch.nn.Module):
         **torch_ddp_kwargs: Any,
     ):
         super().__init__()
-        options = torch_options(module, optimizers, bucket_size_bytes, broadcast_buffers, torch_ddp_kwargs)
         _check_module(module)
+        options = torch_options(module, bucket_size_bytes, broadcast_buffers, torch_ddp_kwargs)
         if isinstance(optimizers, torch.optim.Optimizer):
             optimizers = [optimizers]
         if not comm.is_initialized():
@@ -354,7 +355,8 @@ class DistributedDataParallel(torch.nn.Module):
             return
         names = list(self._slot)
         used = torch.tensor([name in self._used for name in names], dtype=torch.int32)
-        comm.allreduce(used, op=comm.ReduceOp.MAX, group=self.comm_group)
+        with trusted():  # every rank sends the same layout, at the same point of every step
+            comm.allreduce(used, op=comm.ReduceOp.MAX, group=self.comm_group)
         unused = set(locally_unused)
         for name, anyone in zip(names, used.tolist()):
             if anyone and name in unused and name in self._grad_view:

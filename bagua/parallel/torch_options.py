@@ -7,7 +7,7 @@ with nothing to change here (``gradient_as_bucket_view``: gradients always are b
 
 Example::
 
-    options = torch_options(model, [opt], None, None, {"device_ids": [0], "bucket_cap_mb": 50})
+    options = torch_options(model, None, None, {"device_ids": [0], "bucket_cap_mb": 50})
     options.bucket_size_bytes        # 52428800
 """
 
@@ -47,7 +47,6 @@ class TorchOptions:
 
 def torch_options(
     module: torch.nn.Module,
-    optimizers: Any,
     bucket_size_bytes: Optional[int],
     broadcast_buffers: Optional[bool],
     kwargs: dict,
