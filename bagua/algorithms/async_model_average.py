@@ -66,6 +66,8 @@ _IDLE, _OFFERED, _DELTA = "idle", "offered", "delta"
 # Longest a loop waits for its own rank's snapshot before exchanging flags anyway, so that the
 # other ranks' loops never sit in a collective for long.
 _POLL_S = 0.05
+# Longest the exit handler waits for the loop to leave (a dead peer would keep it in a collective).
+_EXIT_JOIN_S = 10.0
 
 
 class AsyncModelAverageImpl(AlgorithmImpl):
@@ -209,6 +211,15 @@ class AsyncModelAverageImpl(AlgorithmImpl):
         if self._thread is not None:
             self._thread.join()
         self._raise_loop_error()
+
+    def on_exit(self, ddp) -> None:
+        """At exit: the loop leaves at its next round (every rank is exiting too), or is left
+        behind after ``_EXIT_JOIN_S`` if a peer is gone."""
+        with self._cond:
+            self._stop_requested = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=_EXIT_JOIN_S)
 
     @torch.no_grad()
     def stop_and_synchronize(self) -> None:

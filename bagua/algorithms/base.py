@@ -146,6 +146,10 @@ class AlgorithmImpl:
     def close(self, ddp: "DistributedDataParallel") -> None:
         """Release background resources (threads); called by ``ddp.close()``."""
 
+    def on_exit(self, ddp: "DistributedDataParallel") -> None:
+        """The process is exiting with this wrapper still open: stop background threads promptly
+        (every rank exits too; nothing more is owed to the training), before the groups go."""
+
 
 class WeightCommunicationImpl(AlgorithmImpl):
     """Base for algorithms that communicate the weights, every ``interval`` steps (the

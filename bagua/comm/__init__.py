@@ -36,6 +36,7 @@ from .engine import Engine, EngineError
 from .process_group import (
     BaguaProcessGroup,
     NodeGroups,
+    at_teardown,
     NotInitializedError,
     destroy_process_group,
     from_torch_group,
@@ -54,7 +55,7 @@ from .process_group import (
 from .traffic import bytes_sent, reset_traffic, traffic_by_kind
 
 __all__ = [
-    "BF16", "CODEC_NAMES", "FP16", "BaguaProcessGroup", "Bucket", "Codec", "CollectiveError",
+    "BF16", "CODEC_NAMES", "at_teardown", "FP16", "BaguaProcessGroup", "Bucket", "Codec", "CollectiveError",
     "Engine", "EngineError", "Handle", "MinMaxUInt8", "NotInitializedError", "Payload", "ReduceOp",
     "allgather", "allreduce", "alltoall", "alltoall_v", "barrier", "broadcast", "broadcast_object", "bytes_sent",
     "compressed_allreduce", "destroy_process_group", "from_torch_group", "gather", "get_codec", "get_default_group",

@@ -21,12 +21,13 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import logging
 import os
 import socket
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -90,6 +91,8 @@ class _State:
 
 
 _state: Optional[_State] = None
+_teardown: list[Callable[[], None]] = []  # run before the exit handler destroys the groups
+_exit_handler_registered = False
 
 
 def _env_int(name: str, default: Optional[int]) -> int:
@@ -204,6 +207,10 @@ def init_process_group(
             if l == local_rank:
                 inter = g
     _state = _State(global_group, intra, inter, local_rank, local_size, bool(check_collectives))
+    global _exit_handler_registered
+    if not _exit_handler_registered:
+        atexit.register(_destroy_at_exit)
+        _exit_handler_registered = True
     logger.info(
         "bagua: rank %d/%d (local %d/%d, node %d/%d), backend %s",
         rank, world_size, local_rank, local_size, node, num_nodes, backend_name,
@@ -238,6 +245,33 @@ def _import_dynamo_first() -> None:
         import torch._dynamo  # noqa: F401
     except ImportError:  # builds without dynamo have no such cache either
         pass
+
+
+def at_teardown(callback: Callable[[], None]) -> Callable[[], None]:
+    """Run ``callback`` when the process exits with its groups still up, before they are torn
+    down (e.g. to stop a thread that communicates). Returns a function that unregisters it.
+
+    Example::
+
+        forget = bagua.comm.at_teardown(lambda: worker.stop())
+    """
+    _teardown.append(callback)
+    return lambda: _teardown.remove(callback) if callback in _teardown else None
+
+
+def _destroy_at_exit() -> None:
+    """atexit: stop what still communicates, then tear the groups down while the interpreter is
+    alive. Gloo's threads otherwise run into interpreter shutdown, and torchrun sees a finished
+    job die of SIGABRT ("terminate called without an active exception", pytorch#190489). A no-op
+    when the script destroyed the groups itself."""
+    if _state is None:
+        return
+    for callback in reversed(list(_teardown)):
+        try:
+            callback()
+        except Exception as error:  # exiting anyway: say so, tear down what is left
+            logger.warning("bagua: stopping %r at exit failed: %s", callback, error)
+    destroy_process_group()
 
 
 def destroy_process_group() -> None:

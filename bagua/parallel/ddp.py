@@ -144,6 +144,7 @@ class DistributedDataParallel(torch.nn.Module):
         link = _WrapperLink(self)
         self._hooks.append(module.register_load_state_dict_post_hook(link.weights_loaded))
         module._bagua_wrapper = link
+        self._forget_at_exit = comm.at_teardown(link.process_exiting)
         self.impl.on_wrapped(self)
 
     # --- buckets ------------------------------------------------------------------------------
@@ -504,6 +505,7 @@ class DistributedDataParallel(torch.nn.Module):
         if self._closed:
             return
         self._closed = True
+        self._forget_at_exit()
         self.impl.close(self)
         for handle in self._hooks:
             handle.remove()
@@ -527,6 +529,12 @@ class _WrapperLink:
 
     def __reduce__(self):
         return (_WrapperLink, ())
+
+    def process_exiting(self) -> None:
+        """bagua's exit handler: the algorithm stops its background work before the groups go."""
+        wrapper = self()
+        if wrapper is not None and not wrapper._closed:
+            wrapper.impl.on_exit(wrapper)
 
     def weights_loaded(self, module: torch.nn.Module, incompatible_keys: Any) -> None:
         """The module's load_state_dict post hook: tell the algorithm."""
