@@ -736,12 +736,14 @@ class _FuseState:
             self._own_step(own_runs)
 
     def _cpu_fused_ok(self, group: dict) -> bool:
-        """Whether this group's CPU flat step can run torch's own fused (single-pass) CPU kernel."""
+        """Whether this group's CPU flat step can run torch's own fused (single-pass) CPU kernel:
+        fp32/fp64 only. In torch 2.13 the fused CPU SGD updates only the last ``n % 16`` elements
+        of a bf16/fp16 tensor (a hand-assigned bf16 gradient then "did not move" its parameter)."""
         return (
             type(self.opt) in _CPU_FUSED_TYPES
             and "fused" in group
             and not group.get("differentiable", False)
-            and all(p.device.type == "cpu" for p in group["params"])
+            and all(p.device.type == "cpu" and p.dtype in (torch.float32, torch.float64) for p in group["params"])
         )
 
     def _unbucketed_with_grad(self) -> bool:
