@@ -29,7 +29,7 @@ import torch
 from . import checks
 from ._torch_compat import all_gather_flat
 from .bucket import Bucket
-from .process_group import BaguaProcessGroup, get_default_group, is_initialized
+from .process_group import BaguaProcessGroup, _stop_before_destroy, get_default_group, is_initialized
 
 
 class EngineError(RuntimeError):
@@ -47,6 +47,19 @@ def _comm_thread() -> concurrent.futures.ThreadPoolExecutor:
         if _worker is None:
             _worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="bagua-comm")
         return _worker
+
+
+def _stop_comm_thread() -> None:
+    """Let the communication thread run the chains already queued, then end it (the next launch
+    starts a new one). Run by ``destroy_process_group()`` before the groups go."""
+    global _worker
+    with _worker_lock:
+        worker, _worker = _worker, None
+    if worker is not None:
+        worker.shutdown(wait=True)
+
+
+_stop_before_destroy(_stop_comm_thread)
 
 
 class Engine:

@@ -12,6 +12,11 @@ LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and builds, on top of
 Ranks are assumed laid out as torchrun lays them out: node ``n`` holds ranks
 ``n * LOCAL_WORLD_SIZE ... (n + 1) * LOCAL_WORLD_SIZE - 1``.
 
+A script need not call ``destroy_process_group()``: ``init_process_group()`` registers an exit
+handler that calls it while the interpreter is still whole. Gloo worker threads still holding a
+collective when the interpreter is torn down abort the process otherwise ("terminate called
+without an active exception", pytorch#190489), and torchrun then marks the finished job failed.
+
 Example::
 
     import bagua
@@ -21,12 +26,13 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import logging
 import os
 import socket
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -90,6 +96,11 @@ class _State:
 
 
 _state: Optional[_State] = None
+_state_pid: Optional[int] = None  # the process that built _state (a forked child inherits it)
+_exit_handler_registered = False
+# What communicates on the groups from other threads, stopped before the groups go (engine.py
+# registers its communication thread): see _stop_before_destroy.
+_before_destroy: list[Callable[[], None]] = []
 
 
 def _env_int(name: str, default: Optional[int]) -> int:
@@ -138,14 +149,15 @@ def init_process_group(
             else on.
 
     Without torchrun's variables the process forms a world of one (rank 0). Calling it
-    twice is an error.
+    twice is an error. The groups are torn down at interpreter exit if the script does not
+    call ``destroy_process_group()`` itself.
 
     Example::
 
         bagua.init_process_group()                       # torchrun env, NCCL or Gloo
         bagua.init_process_group(backend="gloo", timeout=datetime.timedelta(seconds=30))
     """
-    global _state
+    global _state, _state_pid, _exit_handler_registered
     if _state is not None:
         raise RuntimeError("bagua.init_process_group() was already called in this process")
     if not isinstance(timeout, datetime.timedelta):
@@ -204,6 +216,10 @@ def init_process_group(
             if l == local_rank:
                 inter = g
     _state = _State(global_group, intra, inter, local_rank, local_size, bool(check_collectives))
+    _state_pid = os.getpid()
+    if not _exit_handler_registered:
+        atexit.register(_destroy_at_exit)
+        _exit_handler_registered = True
     logger.info(
         "bagua: rank %d/%d (local %d/%d, node %d/%d), backend %s",
         rank, world_size, local_rank, local_size, node, num_nodes, backend_name,
@@ -240,14 +256,51 @@ def _import_dynamo_first() -> None:
         pass
 
 
+def _stop_before_destroy(stop: Callable[[], None]) -> None:
+    """Have ``destroy_process_group()`` (and so the exit handler) call ``stop()`` first: for
+    what communicates on the groups from another thread, which must finish its queued work
+    before the groups go. ``stop`` must leave things usable again after a new
+    ``init_process_group()``."""
+    _before_destroy.append(stop)
+
+
 def destroy_process_group() -> None:
-    """Leave the job: tear down every group made by ``init_process_group()``."""
+    """Leave the job: stop the communication thread (its queued work finishes first), then tear
+    down every group made by ``init_process_group()``.
+
+    Calling it again, or after ``torch.distributed.destroy_process_group()``, does nothing.
+    Scripts may leave it out: it runs at interpreter exit anyway.
+
+    Example::
+
+        bagua.init_process_group()
+        ...train...
+        bagua.destroy_process_group()
+    """
     global _state
     if _state is None:
         return
-    _state = None
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    try:
+        for stop in _before_destroy:
+            stop()
+    finally:
+        _state = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _destroy_at_exit() -> None:
+    """atexit: tear the groups down while the interpreter is still whole (see the module doc).
+
+    In a forked child that inherited the parent's groups it does nothing: their threads live in
+    the parent. A failure is logged, not raised: a script that failed keeps its own exit code and
+    traceback."""
+    if _state is None or os.getpid() != _state_pid:
+        return
+    try:
+        destroy_process_group()
+    except Exception as error:  # noqa: BLE001 - reported; nothing else can be done at exit
+        logger.warning("bagua: tearing down the process group at exit failed: %s", error)
 
 
 def get_rank() -> int:
