@@ -58,6 +58,11 @@ CPU_CHUNK_ELEMS = 1 << 18
 # runs that implementation (group["fused"] set for the call) instead of chunks of the multi-pass
 # loop: same math within float rounding, each byte read and written once.
 _CPU_FUSED_TYPES = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD, torch.optim.Adagrad)
+# Param dtypes for which torch's fused CPU kernel of an optimizer computes a wrong update: not used
+# for a group that holds such a param. torch 2.13's fused CPU SGD (torch._fused_sgd_) moves only
+# the elements after the last full SIMD vector of a bfloat16 or float16 tensor and leaves the rest
+# unchanged (with or without momentum); float32 and float64 are right.
+_CPU_FUSED_WRONG_DTYPES = {torch.optim.SGD: (torch.bfloat16, torch.float16)}
 # Optimizers whose CPU flat step is not chunked: few passes per element, so chunks only add
 # per-tensor Python work (ASGD reads its scalars with .item() per tensor; bagua Lion's step
 # already works in cache-sized chunks). Measured in benchmarks/results/fused_optimizer.md.
@@ -737,11 +742,12 @@ class _FuseState:
 
     def _cpu_fused_ok(self, group: dict) -> bool:
         """Whether this group's CPU flat step can run torch's own fused (single-pass) CPU kernel."""
+        wrong = _CPU_FUSED_WRONG_DTYPES.get(type(self.opt), ())
         return (
             type(self.opt) in _CPU_FUSED_TYPES
             and "fused" in group
             and not group.get("differentiable", False)
-            and all(p.device.type == "cpu" for p in group["params"])
+            and all(p.device.type == "cpu" and p.dtype not in wrong for p in group["params"])
         )
 
     def _unbucketed_with_grad(self) -> bool:

@@ -15,7 +15,7 @@ import bagua.optim
 from bagua.optim import FlattenWarning, Lion, fuse_optimizer, is_fused_optimizer
 from bagua.optim import fused as fused_mod
 
-from ._models import Net, assert_same_params, assert_same_state, backward, groups, twins
+from ._models import MixedNet, Net, assert_same_params, assert_same_state, backward, groups, twins
 
 O = torch.optim
 # (name, constructor over param groups); second group: no weight decay (and lr x2 where given)
@@ -81,6 +81,50 @@ def test_matches_unfused_over_many_steps_mixing_step_and_fuse_step(ctor, monkeyp
     assert_same_params(m1, m2, rtol=1e-4, atol=1e-5)
     assert_same_state(o1, o2, rtol=1e-4, atol=1e-5)
     assert o2.param_groups[1]["weight_decay"] == 0.0 and not o2._bagua_fuse.warned
+
+
+# fuse_step runs these through torch's single-pass CPU kernel, where step() runs the multi-pass one:
+# the same math, rounded once per step instead of after each op. (SGD's single-pass CPU kernel is
+# not used with bf16 params: it computes a wrong update there.)
+SINGLE_PASS_ON_CPU = {"adam", "adam_amsgrad_maximize", "adamw", "adamw_amsgrad", "adagrad"}
+
+
+def _assert_same_step(name: str, m1, o1, m2, o2) -> None:
+    """Params and state of (m2, o2) equal those of the unfused (m1, o1): bit for bit, or within
+    rounding for the optimizers that fuse_step runs through torch's single-pass kernel."""
+
+    def check(what, a, b):
+        if not isinstance(a, torch.Tensor):
+            assert b == a, (what, a, b)
+        elif name in SINGLE_PASS_ON_CPU:
+            tol = dict(rtol=2**-6, atol=1e-3) if a.dtype == torch.bfloat16 else dict(rtol=1e-6, atol=1e-8)
+            torch.testing.assert_close(b, a, **tol, msg=lambda m: f"{what}: {m}")
+        else:
+            assert torch.equal(b, a), f"{what}: max diff {(a.double() - b.double()).abs().max().item()}"
+
+    for (n, a), b in zip(m1.named_parameters(), m2.parameters()):
+        check(n, a.detach(), b.detach())
+        assert o2.state.get(b, {}).keys() == o1.state.get(a, {}).keys(), n
+        for k, v in o1.state.get(a, {}).items():
+            check(f"{n} state {k!r}", v, o2.state[b][k])
+
+
+@pytest.mark.filterwarnings("ignore::bagua.optim.FlattenWarning")  # grads assigned by hand on purpose
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_a_hand_assigned_gradient_moves_a_bf16_param_as_step_does(momentum):
+    # fuse_step ran SGD's bf16 buckets through torch's single-pass CPU kernel (torch 2.13), which
+    # moves only the elements past the last full SIMD vector: the bf16 layer barely moved.
+    m1, o1, m2, o2 = twins(lambda m: O.SGD(m.parameters(), lr=0.1, momentum=momentum), model=MixedNet())
+    fuse_optimizer(o2)
+    for step in range(3):
+        for m in (m1, m2):
+            for p in m.parameters():
+                p.grad = torch.full_like(p, 1.0 + step)  # every element moves by more than its ulp
+        before = m2.fc2.weight.detach().clone()
+        o1.step()
+        o2.fuse_step()
+        assert (m2.fc2.weight != before).all()
+        _assert_same_step("sgd", m1, o1, m2, o2)
 
 
 def test_user_written_optimizer_with_reallocated_state():
@@ -219,8 +263,9 @@ def test_params_without_grad_are_skipped_as_torch_does(ctor):
     assert_same_state(o1, o2)
 
 
-# On CPU, fuse_step runs Adam/AdamW/SGD/Adagrad through torch's fused (single-pass) CPU kernel,
-# which rounds bf16 once per step instead of once per op: compare those with torch's fused=True.
+# On CPU, fuse_step runs Adam/AdamW/Adagrad (and SGD without bf16/fp16 params) through torch's fused
+# (single-pass) CPU kernel, which rounds bf16 once per step instead of once per op: compare those
+# with torch's fused=True.
 @pytest.mark.parametrize(
     "make",
     [
