@@ -89,6 +89,26 @@ def test_matches_unfused_over_many_steps_mixing_step_and_fuse_step(ctor, monkeyp
 SINGLE_PASS_ON_CPU = {"adam", "adam_amsgrad_maximize", "adamw", "adamw_amsgrad", "adagrad"}
 
 
+def _grads_by_hand(model: torch.nn.Module, step: int) -> None:
+    g = torch.Generator().manual_seed(2000 + step)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=g).to(p.dtype)
+
+
+def _state_outside_buffers(opt) -> list[tuple]:
+    """(param shape, key) of each per-element state tensor that is not in its fused bucket's buffer."""
+    outside = []
+    for _, _, buckets in opt._bagua_fuse.groups:
+        for b in buckets:
+            for i, p in enumerate(b.params):
+                for k, v in opt.state.get(p, {}).items():
+                    if isinstance(v, torch.Tensor) and v.shape == p.shape and p.numel() > 1:
+                        home = b.state_homes.get(k)
+                        if home is None or v.data_ptr() != home[i].data_ptr():
+                            outside.append((tuple(p.shape), k))
+    return outside
+
+
 def _assert_same_step(name: str, m1, o1, m2, o2) -> None:
     """Params and state of (m2, o2) equal those of the unfused (m1, o1): bit for bit, or within
     rounding for the optimizers that fuse_step runs through torch's single-pass kernel."""
@@ -107,6 +127,71 @@ def _assert_same_step(name: str, m1, o1, m2, o2) -> None:
         assert o2.state.get(b, {}).keys() == o1.state.get(a, {}).keys(), n
         for k, v in o1.state.get(a, {}).items():
             check(f"{n} state {k!r}", v, o2.state[b][k])
+
+
+@torch.no_grad()
+def _copy_values(m1, o1, m2, o2) -> None:
+    """Gives (m2, o2) the exact values of (m1, o1), in place (the flat layout stays): each step
+    is compared from the same start, so rounding differences (single-pass kernels) do not compound."""
+    for a, b in zip(m1.parameters(), m2.parameters()):
+        b.copy_(a)
+        for k, v in o1.state.get(a, {}).items():
+            if isinstance(v, torch.Tensor):
+                o2.state[b][k].copy_(v)
+
+
+@pytest.mark.filterwarnings("ignore::bagua.optim.FlattenWarning")  # grads replaced on purpose
+@pytest.mark.parametrize("name, ctor", OPTIMIZERS, ids=IDS)
+def test_fuse_step_equals_step_through_a_mixed_precision_training_loop(name, ctor):
+    """fp32 and bf16 params in two groups (weight decay, lr x2), an LR schedule, gradients from
+    backward, assigned by hand, freed by zero_grad(set_to_none=True), missing for some params in
+    some steps, and a checkpoint loaded back, and into a new fused optimizer, at step 5."""
+
+    def make(model):
+        opt = ctor(groups(model))
+        opt.param_groups[1]["lr"] *= 2
+        return opt
+
+    def schedule(opt, last_epoch=-1):
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda e: 0.8**e, last_epoch=last_epoch)
+
+    def checkpoint(model, opt) -> dict:
+        buf = io.BytesIO()
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buf)
+        buf.seek(0)
+        return torch.load(buf, weights_only=True)
+
+    m1, o1, m2, o2 = twins(make, model=MixedNet())
+    fuse_optimizer(o2)
+    loops = [(m1, o1, schedule(o1)), (m2, o2, schedule(o2))]
+    for step in range(10):
+        for m, o, _ in loops:
+            if step in (2, 7):
+                _grads_by_hand(m, step)
+            else:
+                o.zero_grad(set_to_none=step in (3, 4))  # step 3: the branch gets no gradient (None)
+                backward(m, step)
+            if step == 5:
+                m.fc3.bias.grad = None  # no gradient for one param, whose neighbours have one
+        for m, o, sched in loops:
+            getattr(o, "fuse_step", o.step)()
+            sched.step()
+        for m, o, _ in loops[1:]:
+            _assert_same_step(name, m1, o1, m, o)
+            _copy_values(m1, o1, m, o)
+        if step == 5:
+            o1.load_state_dict(checkpoint(m1, o1)["opt"])  # torch casts some state on load: both do
+            ckpt = checkpoint(m2, o2)
+            o2.load_state_dict(ckpt["opt"])
+            m3 = MixedNet()
+            m3.load_state_dict(ckpt["model"])
+            o3 = fuse_optimizer(make(m3))
+            o3.load_state_dict(ckpt["opt"])
+            for m, o in ((m2, o2), (m3, o3)):
+                assert _state_outside_buffers(o) == []  # views of the flat buffers right after the load
+                _assert_same_step(name, m1, o1, m, o)
+            loops.append((m3, o3, schedule(o3, last_epoch=step)))
+    assert [g["lr"] for g in o3.param_groups] == [g["lr"] for g in o1.param_groups]
 
 
 @pytest.mark.filterwarnings("ignore::bagua.optim.FlattenWarning")  # grads assigned by hand on purpose
