@@ -13,7 +13,8 @@ working unchanged. ``fuse_step()`` then updates whole runs of adjacent parameter
   in cache-sized chunks on CPU, so that a multi-pass step re-reads data still in cache.
 
 Scalar state (e.g. Adam's ``step``) stays per parameter, as torch keeps it; ``state_dict()``
-returns per-parameter copies, never views of the flat buffers.
+returns per-parameter copies, never views of the flat buffers, and ``load_state_dict()`` copies
+the loaded values into the flat buffers (the state is views of them again as soon as it returns).
 
 A run is a maximal sequence of parameters of one group that are adjacent in every buffer, have a
 gradient, and share their scalar state (e.g. the same ``step``). Anything that breaks that (a
@@ -58,6 +59,11 @@ CPU_CHUNK_ELEMS = 1 << 18
 # runs that implementation (group["fused"] set for the call) instead of chunks of the multi-pass
 # loop: same math within float rounding, each byte read and written once.
 _CPU_FUSED_TYPES = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD, torch.optim.Adagrad)
+# Param dtypes for which torch's fused CPU kernel of an optimizer computes a wrong update: not used
+# for a group that holds such a param. torch 2.13's fused CPU SGD (torch._fused_sgd_) moves only
+# the elements after the last full SIMD vector of a bfloat16 or float16 tensor and leaves the rest
+# unchanged (with or without momentum); float32 and float64 are right.
+_CPU_FUSED_WRONG_DTYPES = {torch.optim.SGD: (torch.bfloat16, torch.float16)}
 # Optimizers whose CPU flat step is not chunked: few passes per element, so chunks only add
 # per-tensor Python work (ASGD reads its scalars with .item() per tensor; bagua Lion's step
 # already works in cache-sized chunks). Measured in benchmarks/results/fused_optimizer.md.
@@ -467,6 +473,7 @@ class _Bucket:
                     "into the flat buffer")  # fmt: skip
             self.home_params[i].copy_(p.detach())
             p.data = self.home_params[i]
+        sig = self._state_signature(i, p, state)  # also for a param without a gradient this step
         g = p.grad
         if g is None:
             return None  # the optimizer's own step decides (torch skips it)
@@ -490,28 +497,38 @@ class _Bucket:
             return None
         if not _dense_contiguous(p):
             return None
+        return sig
+
+    def _state_signature(self, i: int, p: torch.Tensor, state: dict) -> tuple | None:
+        """Moves param i's per-element and 0-dim state into the bucket's buffers (with do_flatten);
+        returns what a run's params must share (keys, kinds, dtypes, scalar values), or None when
+        some state keeps the param out of runs."""
+        fs = self.fs
         st = state.get(p)
-        sig = []
+        sig, joinable = [], True
         for k, v in (st.items() if st else ()):
             if self._is_flat_state(p, v):
-                if flatten:
+                if fs.do_flatten:
                     home = self._state_home(k, i, v.dtype)
                     if home is None:
-                        return None
+                        joinable = False
+                        continue
                     if v.data_ptr() != home.data_ptr() or not v.is_contiguous():
                         if (k, i) in self.state_was_home and not fs.loading:
                             fs.warn("state", f"optimizer state {k!r} was reallocated outside the flat "
-                                    "buffer; it was copied back")  # fmt: skip
+                                    "buffer; it was copied back", stacklevel=8)  # fmt: skip
                         home.copy_(v)
                         st[k] = home
                     self.state_was_home.add((k, i))
                 elif not v.is_contiguous():
-                    return None
+                    joinable = False
+                    continue
                 sig.append((k, "flat", st[k].dtype))
             elif isinstance(v, torch.Tensor):
                 if v.numel() != 1 or v.requires_grad:
-                    return None  # state that is neither per element nor a scalar: update alone
-                if flatten and v.dim() == 0:
+                    joinable = False  # state that is neither per element nor a scalar: update alone
+                    continue
+                if fs.do_flatten and v.dim() == 0:
                     self._scalar_to_home(st, k, i, v)
                     v = st[k]
                 sig.append((k, "tensor", v.dtype, v.device, v.item()))
@@ -519,9 +536,10 @@ class _Bucket:
                 try:
                     hash(v)
                 except TypeError:
-                    return None
+                    joinable = False
+                    continue
                 sig.append((k, "py", v))
-        return tuple(sorted(sig, key=lambda e: e[0]))
+        return tuple(sorted(sig, key=lambda e: e[0])) if joinable else None
 
     # -- after the optimizer's own step ------------------------------------------------------------
     def adopt(self, run: _Run, key: str, chunks: list[tuple[int, int, torch.Tensor]], state: dict) -> None:
@@ -670,17 +688,24 @@ class _FuseState:
             self._mark_dirty()
 
     def on_load(self, opt) -> None:
+        """load_state_dict post hook: torch put new state tensors in place of the views; copy them
+        into the flat buffers now, so the state is views of them again right after the load."""
         self._mark_dirty()
         self.loading = True  # new state tensors are expected: copy them in without a warning
+        try:
+            with torch.no_grad():
+                self._reanalyze()
+        finally:
+            self.loading = False
 
     def _mark_dirty(self) -> None:
         for _, _, buckets in self.groups:
             for b in buckets:
                 b.dirty = True
 
-    def warn(self, kind: str, msg: str, stacklevel: int = 6) -> None:
+    def warn(self, kind: str, msg: str, stacklevel: int = 7) -> None:
         """Warns once per kind; the default stacklevel points at the caller of fuse_step (from
-        _check_param <- analyze <- step <- _fuse_step)."""
+        _check_param <- analyze <- _reanalyze <- step <- _fuse_step)."""
         if self.check_flatten and kind not in self.warned:
             self.warned.add(kind)
             warnings.warn(f"bagua fuse_step ({type(self.opt).__name__}): {msg}", FlattenWarning, stacklevel=stacklevel)
@@ -696,7 +721,7 @@ class _FuseState:
             changed = True
             if warn:
                 self.warn("groups", "param groups changed after fuse_optimizer (e.g. add_param_group); "
-                          "their parameters were flattened now", stacklevel=5)  # fmt: skip
+                          "their parameters were flattened now", stacklevel=6)  # fmt: skip
             by_key: dict[tuple, list] = {}
             for p in params:
                 if p.is_floating_point() and p.layout == torch.strided:
@@ -712,16 +737,18 @@ class _FuseState:
             self.bucketed = {id(p) for _, _, bs in self.groups for b in bs for p in b.params}
             self.unbucketed = [p for g in pgs for p in g["params"] if id(p) not in self.bucketed]
 
-    def step(self) -> None:
-        opt = self.opt
+    def _reanalyze(self) -> None:
+        """Rebuilds the runs of every bucket in which something moved (repairing the layout)."""
         self.sync_groups()
-        state = opt.state
+        state = self.opt.state
         for _, _, buckets in self.groups:
             for b in buckets:
                 if not b.unchanged(state):
                     b.analyze(state)
-        self.loading = False
 
+    def step(self) -> None:
+        opt = self.opt
+        self._reanalyze()
         own_runs: list[tuple[int, _Run]] = []
         kernel_fn = _KERNELS.get(type(opt))
         for gi, (_, _, buckets) in enumerate(self.groups):
@@ -736,14 +763,13 @@ class _FuseState:
             self._own_step(own_runs)
 
     def _cpu_fused_ok(self, group: dict) -> bool:
-        """Whether this group's CPU flat step can run torch's own fused (single-pass) CPU kernel:
-        fp32/fp64 only. In torch 2.13 the fused CPU SGD updates only the last ``n % 16`` elements
-        of a bf16/fp16 tensor (a hand-assigned bf16 gradient then "did not move" its parameter)."""
+        """Whether this group's CPU flat step can run torch's own fused (single-pass) CPU kernel."""
+        wrong = _CPU_FUSED_WRONG_DTYPES.get(type(self.opt), ())
         return (
             type(self.opt) in _CPU_FUSED_TYPES
             and "fused" in group
             and not group.get("differentiable", False)
-            and all(p.device.type == "cpu" and p.dtype in (torch.float32, torch.float64) for p in group["params"])
+            and all(p.device.type == "cpu" and p.dtype not in wrong for p in group["params"])
         )
 
     def _unbucketed_with_grad(self) -> bool:

@@ -25,6 +25,30 @@ class Net(torch.nn.Module):
         return y
 
 
+class MixedNet(torch.nn.Module):
+    """fp32 and bf16 layers in turn (fc1 + norm fp32, fc2 bf16, fc3 fp32) and a bf16 branch used on
+    even steps only: every param group holds params of both dtypes, so two flat buckets each.
+
+    Every bf16 param has a multiple of 64 elements: torch's bf16 CPU kernels round an element
+    differently in a full SIMD vector and in a tensor's tail, so only then does a flat buffer of
+    them go through the same arithmetic as each param alone (fp32 rounds the same either way).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(10, 32)
+        self.norm = torch.nn.LayerNorm(32)
+        self.fc2 = torch.nn.Linear(32, 64).to(torch.bfloat16)
+        self.fc3 = torch.nn.Linear(64, 3)
+        self.branch = torch.nn.Linear(10, 64).to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor, step: int = 0) -> torch.Tensor:
+        z = self.fc2(torch.tanh(self.norm(self.fc1(x))).bfloat16())
+        if step % 2 == 0:
+            z = z + self.branch(x.bfloat16())
+        return self.fc3(torch.tanh(z).float())
+
+
 def groups(model: torch.nn.Module, **second_group_overrides) -> list[dict]:
     """Weights in one group, biases/norm params in another with no weight decay (the usual split)."""
     decay = [p for n, p in model.named_parameters() if n.endswith("weight") and p.dim() > 1]
