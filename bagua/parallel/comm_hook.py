@@ -62,7 +62,7 @@ def register(ddp: "DistributedDataParallel", state: Any, hook: Callable[[Any, Gr
             f"register_comm_hook replaces the gradient allreduce of algorithm 'gradient_allreduce' "
             f"(flat, not hierarchical); {ddp.algorithm!r} communicates differently. Its hooks are its own."
         )
-    if getattr(ddp, "_comm_hook", None) is not None:
+    if ddp._comm_hook is not None:
         raise RuntimeError("register_comm_hook can only be called once (as with torch DDP)")
     if ddp.step:
         raise RuntimeError("register_comm_hook must be called before the first training step")

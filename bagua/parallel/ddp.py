@@ -28,7 +28,7 @@ import weakref
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import torch
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 from .. import comm
 from ..algorithms.base import Algorithm, AlgorithmImpl, resolve
@@ -127,7 +127,8 @@ class DistributedDataParallel(torch.nn.Module):
             )
         self._gradient_slots: dict[str, torch.Tensor] = {}
         self._build_buckets(options.bucket_size_bytes)
-        self._buffer_broadcast = BufferBroadcast(module, self.comm_group) if self.broadcast_buffers else None
+        has_buffers = next(module.buffers(), None) is not None  # torch DDP too looks once, at wrap time
+        self._buffer_broadcast = BufferBroadcast(module, self.comm_group) if self.broadcast_buffers and has_buffers else None
 
         self._require_sync = True   # False inside no_sync()
         self._sync_backward = False  # whether the running backward communicates (set by forward)
@@ -205,7 +206,7 @@ class DistributedDataParallel(torch.nn.Module):
             return self.module(*args, **kwargs)
         self._begin_step()
         output = self.module(*args, **kwargs)
-        if self._buffer_broadcast and self.impl.broadcasts_buffers(self):
+        if self._buffer_broadcast is not None and self.impl.broadcasts_buffers(self):
             self._buffer_broadcast.start(self._buffer_source())  # overlaps with backward
         return self._watch_backward_start(output)
 
@@ -316,7 +317,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._used.clear()
         if self._join is not None:
             self._join.scale_gradients()
-        if self._buffer_broadcast:
+        if self._buffer_broadcast is not None:
             self._buffer_broadcast.finish()
         self.impl.on_backward_end(self)
 
@@ -326,7 +327,7 @@ class DistributedDataParallel(torch.nn.Module):
         with torch.no_grad():
             for bucket in self.buckets:
                 bucket.flat.zero_()
-        if self._buffer_broadcast and self.impl.broadcasts_buffers(self):
+        if self._buffer_broadcast is not None and self.impl.broadcasts_buffers(self):
             self._buffer_broadcast.start(self._buffer_source())
         self.mark_all_ready()
         try:
@@ -374,11 +375,7 @@ class DistributedDataParallel(torch.nn.Module):
     def sync_buffers(self) -> None:
         """Make every rank's buffers the first rank's now (every rank calls it), e.g. after
         training with an algorithm whose ranks do not wait for each other."""
-        if self._buffer_broadcast is None:
-            self._buffer_broadcast = BufferBroadcast(self.module, self.comm_group)
-        if self._buffer_broadcast:
-            self._buffer_broadcast.start(self._src)
-            self._buffer_broadcast.finish()
+        broadcast_tensors(list(self.module.buffers()), self.comm_group, self._src)
 
     def reset(self) -> None:
         """Abandon a step whose backward raised (a skipped out-of-memory batch): wait for the
@@ -393,7 +390,7 @@ class DistributedDataParallel(torch.nn.Module):
                 model.reset(); opt.zero_grad(); continue
         """
         self._drain_engine()
-        if self._buffer_broadcast:
+        if self._buffer_broadcast is not None:
             self._buffer_broadcast.finish()
         self._callback_queued = False
         self._sync_backward = False
@@ -577,8 +574,6 @@ def _checked_optimizers(optimizers: Iterable[Any], params: Iterable[torch.Tensor
 
 
 def _to_device(tree: Any, device: torch.device) -> Any:
-    from torch.utils._pytree import tree_map
-
     return tree_map(lambda t: t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t, tree)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ast
 import zlib
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -71,17 +71,29 @@ def _parse_entries(text: str) -> list:
 def broadcast_tensors(tensors: Sequence[torch.Tensor], group: BaguaProcessGroup, src: int) -> None:
     """Overwrite ``tensors`` (the same list on every rank) with ``src``'s values, one broadcast
     per dtype and device (coalesced through a temporary flat buffer)."""
-    by_kind: dict[tuple, list[torch.Tensor]] = {}
-    for t in tensors:
-        by_kind.setdefault((t.dtype, t.device), []).append(t)
     with torch.no_grad():
-        for same in by_kind.values():
-            flat = torch.cat([t.detach().reshape(-1) for t in same]) if len(same) > 1 else same[0].detach().reshape(-1).clone()
+        for same in _by_kind(tensors):
+            flat = _flatten(same)
             comm.broadcast(flat, src=src, group=group)
-            offset = 0
-            for t in same:
-                t.copy_(flat[offset:offset + t.numel()].view_as(t))
-                offset += t.numel()
+            _unflatten_into(flat, same)
+
+
+def _by_kind(tensors: Iterable[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """``tensors`` (each once) grouped by dtype and device, in order of first appearance."""
+    by_kind: dict[tuple, list[torch.Tensor]] = {}
+    for t in {id(t): t for t in tensors}.values():
+        by_kind.setdefault((t.dtype, t.device), []).append(t)
+    return list(by_kind.values())
+
+
+def _flatten(same: list[torch.Tensor]) -> torch.Tensor:
+    """A new flat tensor holding ``same``'s values, one after the other."""
+    return torch.cat([t.detach().reshape(-1) for t in same])
+
+
+def _unflatten_into(flat: torch.Tensor, same: list[torch.Tensor]) -> None:
+    """Copy ``flat`` (as ``_flatten`` laid it out) back into ``same``."""
+    torch._foreach_copy_(same, [v.view_as(t) for v, t in zip(flat.split([t.numel() for t in same]), same)])
 
 
 class BufferBroadcast:
@@ -98,21 +110,15 @@ class BufferBroadcast:
         self._pending: list[tuple[comm.Handle, torch.Tensor, list[torch.Tensor]]] = []
         self._receiving = False
 
-    def __bool__(self) -> bool:
-        return any(True for _ in self.module.buffers())
-
     def start(self, src: int) -> None:
         """Launch the broadcast of ``src``'s current buffers (every rank calls it)."""
         self.finish()
         if self.group is None:
             self.group = comm.new_group(self.ranks)
-        by_kind: dict[tuple, list[torch.Tensor]] = {}
-        for b in {id(b): b for b in self.module.buffers()}.values():
-            by_kind.setdefault((b.dtype, b.device), []).append(b)
         self._receiving = comm.get_rank() != src
         with torch.no_grad(), trusted():  # every rank holds the same buffers: checked at wrap time
-            for same in by_kind.values():
-                flat = torch.cat([b.detach().reshape(-1) for b in same])
+            for same in _by_kind(self.module.buffers()):
+                flat = _flatten(same)
                 self._pending.append((comm.broadcast(flat, src=src, group=self.group, async_op=True), flat, same))
 
     def finish(self) -> None:
@@ -122,7 +128,7 @@ class BufferBroadcast:
             handle.wait()
             if self._receiving:
                 with torch.no_grad():
-                    torch._foreach_copy_(same, [v.view_as(b) for v, b in zip(flat.split([b.numel() for b in same]), same)])
+                    _unflatten_into(flat, same)
 
 
 def sync_optimizer_states(optimizers: Sequence[torch.optim.Optimizer], group: BaguaProcessGroup, src: int) -> None:
