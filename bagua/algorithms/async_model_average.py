@@ -290,8 +290,9 @@ class AsyncModelAverageImpl(AlgorithmImpl):
 
     def close(self, ddp) -> None:
         try:
-            if self._averaging:
+            if self._averaging and not self._stop_requested:  # not after on_exit: peers may be gone
                 self.stop_and_synchronize()
+                ddp.sync_buffers()  # identical buffers too, as abort() leaves them
         finally:
             if self._save_hook is not None:
                 self._save_hook.remove()

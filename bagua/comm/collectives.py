@@ -48,14 +48,18 @@ _TORCH_OPS = {
 }
 
 
-def as_reduce_op(op: Union[ReduceOp, str]) -> ReduceOp:
-    """``ReduceOp`` from itself or its name (``"avg"``); a clear error for anything else."""
+def as_reduce_op(op: Union[ReduceOp, str, Any]) -> ReduceOp:
+    """``ReduceOp`` from itself, its name (``"avg"``) or torch's ``torch.distributed.ReduceOp``
+    value; a clear error for anything else."""
     if isinstance(op, ReduceOp):
         return op
     if isinstance(op, str):
         for candidate in ReduceOp:
             if op.lower() == candidate.value:
                 return candidate
+    for candidate, torch_op in (*_TORCH_OPS.items(), (ReduceOp.AVG, dist.ReduceOp.AVG)):
+        if isinstance(op, type(torch_op)) and op == torch_op:
+            return candidate
     raise ValueError(f"unknown reduce op {op!r}; use one of {[o.name for o in ReduceOp]}")
 
 

@@ -110,6 +110,19 @@ def _env_int(name: str, default: Optional[int]) -> int:
         raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
 
 
+def _given_or_env(arg: str, value: Optional[int], env: str, default: Optional[int]) -> int:
+    """An explicit argument (an int), else the environment variable ``env``, else ``default``."""
+    if value is None:
+        return _env_int(env, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"bagua.init_process_group: {arg} must be an int, got {value!r}")
+    return value
+
+
+def _url_host(address: str) -> str:
+    return f"[{address}]" if ":" in address and not address.startswith("[") else address
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -127,8 +140,15 @@ def init_process_group(
     backend: Optional[str] = None,
     timeout: datetime.timedelta = DEFAULT_TIMEOUT,
     check_collectives: Optional[bool] = None,
+    *,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    local_rank: Optional[int] = None,
+    local_world_size: Optional[int] = None,
+    master_addr: Optional[str] = None,
+    master_port: Optional[int] = None,
 ) -> None:
-    """Join the job described by torchrun's environment and build Bagua's groups.
+    """Join the job described by torchrun's environment (or by the arguments) and build Bagua's groups.
 
     Args:
         backend: a torch.distributed backend string; default NCCL for CUDA tensors when
@@ -140,13 +160,17 @@ def init_process_group(
             message per call). Default: the env ``BAGUA_CHECK_COLLECTIVES`` (``1``/``0``),
             else on.
 
-    Without torchrun's variables the process forms a world of one (rank 0). Calling it
-    twice is an error.
+    The job's layout comes from torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``); a launcher that knows it otherwise
+    (Lightning's cluster environments) passes ``rank``, ``world_size``, ``local_rank``,
+    ``local_world_size``, ``master_addr`` and ``master_port``, which take precedence. Without
+    either the process forms a world of one (rank 0). Calling it twice is an error.
 
     Example::
 
         bagua.init_process_group()                       # torchrun env, NCCL or Gloo
         bagua.init_process_group(backend="gloo", timeout=datetime.timedelta(seconds=30))
+        bagua.init_process_group(rank=1, world_size=2, master_addr="10.0.0.1", master_port=29500)
     """
     global _state
     if _state is not None:
@@ -154,10 +178,10 @@ def init_process_group(
     if not isinstance(timeout, datetime.timedelta):
         raise TypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
 
-    world_size = _env_int("WORLD_SIZE", 1)
-    rank = _env_int("RANK", 0 if world_size == 1 else None)
-    local_size = _env_int("LOCAL_WORLD_SIZE", world_size)
-    local_rank = _env_int("LOCAL_RANK", rank % local_size if local_size > 0 else 0)
+    world_size = _given_or_env("world_size", world_size, "WORLD_SIZE", 1)
+    rank = _given_or_env("rank", rank, "RANK", 0 if world_size == 1 else None)
+    local_size = _given_or_env("local_world_size", local_world_size, "LOCAL_WORLD_SIZE", world_size)
+    local_rank = _given_or_env("local_rank", local_rank, "LOCAL_RANK", rank % local_size if local_size > 0 else 0)
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"RANK must be in [0, WORLD_SIZE={world_size}), got {rank}")
     if local_size < 1 or world_size % local_size != 0:
@@ -170,12 +194,17 @@ def init_process_group(
             f"LOCAL_RANK={local_rank} does not match RANK={rank} with LOCAL_WORLD_SIZE="
             f"{local_size}; ranks must be laid out node by node as torchrun does"
         )
+    master_addr = master_addr if master_addr is not None else os.environ.get("MASTER_ADDR")
+    master_port = _given_or_env("master_port", master_port, "MASTER_PORT", 0)
     if world_size == 1:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    for name in ("MASTER_ADDR", "MASTER_PORT"):
-        if name not in os.environ:
-            raise ValueError(f"environment variable {name} is not set; launch with torchrun or set it")
+        master_addr = master_addr or "127.0.0.1"
+        master_port = master_port or _free_port()
+    if not master_addr or not master_port:
+        name = "MASTER_ADDR" if not master_addr else "MASTER_PORT"
+        raise ValueError(
+            f"environment variable {name} is not set; launch with torchrun, set it, or pass "
+            f"{name.lower()}= to bagua.init_process_group"
+        )
 
     if check_collectives is None:
         check_collectives = os.environ.get("BAGUA_CHECK_COLLECTIVES", "1") not in ("0", "false", "False")
@@ -184,7 +213,10 @@ def init_process_group(
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
     if not dist.is_initialized():
         _import_dynamo_first()
-        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
+        dist.init_process_group(
+            backend, init_method=f"tcp://{_url_host(master_addr)}:{master_port}", rank=rank,
+            world_size=world_size, timeout=timeout,
+        )
     backend_name = str(dist.get_backend())
 
     num_nodes = world_size // local_size

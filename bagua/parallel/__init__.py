@@ -6,5 +6,6 @@ Example::
 """
 
 from .ddp import DistributedDataParallel, with_bagua
+from .state_sync import broadcast_module
 
-__all__ = ["DistributedDataParallel", "with_bagua"]
+__all__ = ["DistributedDataParallel", "broadcast_module", "with_bagua"]

@@ -132,6 +132,7 @@ class DistributedDataParallel(torch.nn.Module):
 
         self._require_sync = True   # False inside no_sync()
         self._sync_backward = False  # whether the running backward communicates (set by forward)
+        self._buffers_sent = False  # whether this step's buffer broadcast has started
         self._marked: set[str] = set()
         self._used: set[str] = set()  # parameters that got a gradient since the last synced backward
         self._callback_queued = False
@@ -206,9 +207,13 @@ class DistributedDataParallel(torch.nn.Module):
             return self.module(*args, **kwargs)
         self._begin_step()
         output = self.module(*args, **kwargs)
-        if self._buffer_broadcast is not None and self.impl.broadcasts_buffers(self):
-            self._buffer_broadcast.start(self._buffer_source())  # overlaps with backward
+        self._start_buffer_broadcast()  # overlaps with backward
         return self._watch_backward_start(output)
+
+    def _start_buffer_broadcast(self) -> None:
+        if self._buffer_broadcast is not None and not self._buffers_sent and self.impl.broadcasts_buffers(self):
+            self._buffers_sent = True
+            self._buffer_broadcast.start(self._buffer_source())
 
     def _buffer_source(self) -> int:
         return self._src if self._join is None else self._join.authoritative_rank()
@@ -228,6 +233,7 @@ class DistributedDataParallel(torch.nn.Module):
         self.impl.on_forward_pre(self)
         self.step += 1
         self._sync_backward = True
+        self._buffers_sent = False
 
     def _repair_gradients(self) -> None:
         """Put an assigned gradient (``p.grad = t``) back into its bucket view, or its fused
@@ -252,6 +258,29 @@ class DistributedDataParallel(torch.nn.Module):
         if not self._callback_queued and self._sync_backward:
             self._callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+
+    def prepare_for_backward(self, outputs: Any) -> None:
+        """Declare that a backward of ``outputs`` follows inside the current training forward:
+        for loops whose backward runs within the wrapped module's forward (Lightning's manual
+        optimization: ``manual_backward`` inside ``training_step``), or that run several backwards
+        in one forward. The buffers are broadcast from here, and each such backward communicates
+        the gradients (algorithms that communicate weights do it once per step, as usual).
+        Nothing happens outside a training forward or inside ``no_sync()``.
+
+        Example::
+
+            def training_step(self, batch, i):           # called through the wrapper
+                loss = self.loss(batch)
+                ddp.prepare_for_backward(loss)
+                loss.backward(); opt.step(); opt.zero_grad()
+        """
+        if not (self.step and self._require_sync and self.module.training and torch.is_grad_enabled()):
+            return
+        if not self._sync_backward and self.impl.ready_on_backward(self):
+            self._sync_backward = True  # another backward in the same forward: it communicates too
+        self._buffers_sent = False  # each backward ends with the buffers its forwards left on rank 0
+        self._start_buffer_broadcast()
+        self._watch_backward_start(outputs)
 
     # --- backward -----------------------------------------------------------------------------
     def _make_grad_hook(self, name: str) -> Callable[[torch.Tensor], None]:
@@ -327,8 +356,8 @@ class DistributedDataParallel(torch.nn.Module):
         with torch.no_grad():
             for bucket in self.buckets:
                 bucket.flat.zero_()
-        if self._buffer_broadcast is not None and self.impl.broadcasts_buffers(self):
-            self._buffer_broadcast.start(self._buffer_source())
+        self._buffers_sent = False
+        self._start_buffer_broadcast()
         self.mark_all_ready()
         try:
             self.engine.wait()
@@ -496,13 +525,24 @@ class DistributedDataParallel(torch.nn.Module):
         return comm.bytes_sent() - self._step_start_bytes
 
     # --- housekeeping ------------------------------------------------------------------------
-    def close(self) -> None:
+    def close(self, synchronize: bool = True) -> None:
         """Stop the algorithm's background work and remove the hooks (idempotent); the module
-        may then be wrapped again, e.g. with another algorithm."""
+        may then be wrapped again, e.g. with another algorithm. Every rank calls it: the async
+        algorithm's ranks end with identical weights. After an error, when a peer may be gone,
+        ``synchronize=False`` stops the background work without waiting for the other ranks
+        (each rank keeps its own weights).
+
+        Example::
+
+            ddp.close()
+            ddp = bagua.DistributedDataParallel(ddp.module, [opt], algorithm="bytegrad")
+        """
         if self._closed:
             return
         self._closed = True
         self._forget_at_exit()
+        if not synchronize:
+            self.impl.on_exit(self)
         self.impl.close(self)
         for handle in self._hooks:
             handle.remove()

@@ -78,6 +78,19 @@ def broadcast_tensors(tensors: Sequence[torch.Tensor], group: BaguaProcessGroup,
             _unflatten_into(flat, same)
 
 
+def broadcast_module(module: torch.nn.Module, src: int = 0, group: BaguaProcessGroup | None = None) -> None:
+    """Make every rank's parameters and buffers ``src``'s (every rank calls it), e.g. before
+    evaluating a model trained with an algorithm whose ranks end with different weights.
+
+    Example::
+
+        bagua.parallel.broadcast_module(model)     # rank 0's weights everywhere
+    """
+    group = group if group is not None else comm.get_default_group()
+    check_same_model(module, group)
+    broadcast_tensors(list(module.parameters()) + list(module.buffers()), group, src)
+
+
 def _by_kind(tensors: Iterable[torch.Tensor]) -> list[list[torch.Tensor]]:
     """``tensors`` (each once) grouped by dtype and device, in order of first appearance."""
     by_kind: dict[tuple, list[torch.Tensor]] = {}

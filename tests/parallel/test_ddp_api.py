@@ -168,3 +168,55 @@ def test_a_dead_peer_ends_in_an_error_naming_the_operation():
     errors = run_ranks_expect_errors(_peer_dies, 2, comm_timeout_s=5.0, timeout=60)
     assert "on purpose" in errors[1]
     assert "allreduce" in errors[0] and "bucket" in errors[0], errors[0]
+
+
+def _for_launchers(rank: int, port: int):
+    """What the Lightning strategy uses: explicit ranks and address, torch's ReduceOp, rank 0's
+    weights on demand, backwards declared by the loop (several per training forward), and a
+    close that does not wait for the peers."""
+    import time
+
+    # the launcher's numbers, not the environment's (the harness's MASTER_PORT is another port)
+    bagua.init_process_group(rank=rank, world_size=2, local_rank=rank, local_world_size=2,
+                             master_addr="127.0.0.1", master_port=port)
+    t = torch.tensor([rank + 1.0])
+    bagua.comm.allreduce(t, op=torch.distributed.ReduceOp.SUM)
+    assert t.item() == 3.0
+
+    model = make_model(seed=rank)
+    bagua.parallel.broadcast_module(model)
+    same_after_broadcast = flat_params(model)
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ddp = bagua.DistributedDataParallel(model, [opt])
+    (x, y), = rank_batches(rank, 1)
+    grads = []
+    for half, forward in ((slice(0, 4), ddp), (slice(4, 8), model)):  # the second: no training forward of ddp's
+        loss = torch.nn.functional.cross_entropy(forward(x[half]), y[half])
+        opt.zero_grad()
+        ddp.prepare_for_backward(loss)  # as Lightning's manual_backward does
+        loss.backward()
+        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).clone())
+        opt.step()
+
+    async_model = make_model(seed=0)
+    async_ddp = bagua.DistributedDataParallel(async_model, [torch.optim.SGD(async_model.parameters(), lr=0.1)],
+                                              algorithm=bagua.algorithms.AsyncModelAverageAlgorithm(sync_interval_ms=1))
+    async_ddp(x).sum().backward()
+    started = time.monotonic()
+    if rank == 1:  # rank 0 never closes: synchronize=False must not wait for it
+        async_ddp.close(synchronize=False)
+    closed_in = time.monotonic() - started
+    bagua.comm.barrier()
+    return same_after_broadcast, grads, closed_in, hasattr(async_model, "_bagua_wrapper")
+
+
+def test_launcher_facing_api_explicit_init_broadcast_module_prepare_for_backward_close_without_peers():
+    from bagua.comm.process_group import _free_port
+
+    a, b = run_ranks(_for_launchers, 2, _free_port(), init=False)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[0], flat_params(make_model(seed=0)))
+    for ga, gb in zip(a[1], b[1]):  # each backward averaged: the same gradient on both ranks
+        assert torch.equal(ga, gb)
+    assert not torch.equal(a[1][0], a[1][1])
+    assert b[2] < 12.0 and not b[3]  # rank 1 closed alone, within the exit join's bound
