@@ -22,7 +22,7 @@ faster than Lightning's DDP at 100 Mbit/s.
 
 Usage::
 
-    python benchmarks/lightning_strategy.py                       # both settings (~4 min, root for netns)
+    python benchmarks/lightning_strategy.py                       # both settings (~5 min, root for netns)
     python benchmarks/lightning_strategy.py --parts loopback
     torchrun --standalone --nproc-per-node 2 benchmarks/lightning_strategy.py --worker   # one job by hand
 """
@@ -46,7 +46,7 @@ HERE = Path(__file__).resolve().parent
 TAG = "@@lightning-bench@@ "
 VARIANTS = ("ddp", "gradient_allreduce", "bytegrad")
 SETTINGS = {
-    "loopback": {"mlp": "1024-1024x4-10", "batch": 64, "steps": 24, "reps": 5},
+    "loopback": {"mlp": "1024-1024x4-10", "batch": 64, "steps": 24, "reps": 7},
     "100mbit": {"mlp": "1024-768x3-10", "batch": 64, "steps": 6, "reps": 3},
 }
 logger = logging.getLogger("lightning_strategy")
@@ -65,6 +65,7 @@ def run_worker(args: argparse.Namespace) -> int:
     from ddp import make_model, parse_mlp
 
     torch.set_num_threads(1)
+    bagua.init_process_group()  # torch.distributed too: every variant finds the same default group
     dims = parse_mlp(args.mlp)
     world, local_world = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
     g = torch.Generator().manual_seed(0)
@@ -130,7 +131,8 @@ def summarize(setting: str, job: dict) -> dict:
         paired = [statistics.median(times[v][i:i + per_epoch]) / statistics.median(times["ddp"][i:i + per_epoch])
                   for i in range(0, len(times["ddp"]), per_epoch)]
         ratios[v] = statistics.median(paired)
-    return {"setting": setting, "median_epoch_s": medians, "ratio_to_ddp": ratios, **{k: job[k] for k in ("mlp", "batch", "steps", "world")}}
+    return {"setting": setting, "median_epoch_s": medians, "ratio_to_ddp": ratios, "epoch_times": times,
+            **{k: job[k] for k in ("mlp", "batch", "steps", "world")}}
 
 
 def format_summary(s: dict) -> str:

@@ -18,7 +18,9 @@ threads run the same rounds and stop at the same one; the snapshots are averaged
 where every rank has offered one. A rank that stops training for a while (evaluation, a slow
 loader) keeps exchanging flags, so no thread waits long in a collective. ``abort(model)``,
 called on every rank, stops the loop, adds any delta received, then averages the weights once
-more so that all ranks hold identical weights; ``resume(model)`` starts the loop again. The loop
+more so that all ranks hold identical weights; ``resume(model)`` starts the loop again.
+``model.close()`` does the same (weights and buffers) before removing the hooks;
+``model.close(synchronize=False)`` (after an error) only stops this rank's loop. The loop
 talks on its own process group, so the training loop's collectives never interleave with it.
 
 Checkpoints: ``model.state_dict()`` first adds a delta that is ready (a state_dict pre-hook on

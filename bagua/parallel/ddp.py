@@ -24,7 +24,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import weakref
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import torch
@@ -38,6 +37,7 @@ from ..optim.fused import gradient_home
 from . import comm_hook, join as _join
 from .state_sync import BufferBroadcast, broadcast_tensors, check_same_model, sync_optimizer_states
 from .torch_options import DEFAULT_BUCKET_SIZE_BYTES, TorchOptions, resolve_process_group, torch_options
+from .wrapping import WrapperLink, check_module, checked_optimizers
 
 __all__ = ["DEFAULT_BUCKET_SIZE_BYTES", "DistributedDataParallel", "with_bagua"]
 
@@ -83,7 +83,7 @@ class DistributedDataParallel(torch.nn.Module):
         **torch_ddp_kwargs: Any,
     ):
         super().__init__()
-        _check_module(module)
+        check_module(module)
         options = torch_options(module, bucket_size_bytes, broadcast_buffers, torch_ddp_kwargs)
         if isinstance(optimizers, torch.optim.Optimizer):
             optimizers = [optimizers]
@@ -99,7 +99,7 @@ class DistributedDataParallel(torch.nn.Module):
                 "that requires a gradient (as torch DDP says); nothing would be communicated"
             )
         self._params = dict(self.named_trainable_parameters)
-        self.optimizers = _checked_optimizers(optimizers, self._params.values())
+        self.optimizers = checked_optimizers(optimizers, self._params.values())
         self.algorithm = resolve(algorithm)
         self.process_group = resolve_process_group(process_group)
         # A communicator of its own: the user's collectives (logging, Lightning's sync_dist) on the
@@ -143,7 +143,7 @@ class DistributedDataParallel(torch.nn.Module):
         for opt in self.optimizers:
             self._hooks.append(opt.register_step_pre_hook(self._step_pre_hook))
             self._hooks.append(opt.register_step_post_hook(lambda *_: self.impl.on_optimizer_step_post(self)))
-        link = _WrapperLink(self)
+        link = WrapperLink(self)
         self._hooks.append(module.register_load_state_dict_post_hook(link.weights_loaded))
         module._bagua_wrapper = link
         self._forget_at_exit = comm.at_teardown(link.process_exiting)
@@ -552,65 +552,6 @@ class DistributedDataParallel(torch.nn.Module):
 
     def __repr__(self) -> str:
         return f"bagua.DistributedDataParallel({self.algorithm!r}, {len(self.buckets)} buckets)\n  {self.module!r}"
-
-
-class _WrapperLink:
-    """The wrapped module's link back to its wrapper: a weak reference (the module does not keep
-    the wrapper alive) that a copy or a pickle of the module gets inert."""
-
-    def __init__(self, wrapper: Optional["DistributedDataParallel"] = None):
-        self._ref = weakref.ref(wrapper) if wrapper is not None else None
-
-    def __call__(self) -> Optional["DistributedDataParallel"]:
-        return None if self._ref is None else self._ref()
-
-    def __reduce__(self):
-        return (_WrapperLink, ())
-
-    def process_exiting(self) -> None:
-        """bagua's exit handler: the algorithm stops its background work before the groups go."""
-        wrapper = self()
-        if wrapper is not None and not wrapper._closed:
-            wrapper.impl.on_exit(wrapper)
-
-    def weights_loaded(self, module: torch.nn.Module, incompatible_keys: Any) -> None:
-        """The module's load_state_dict post hook: tell the algorithm."""
-        wrapper = self()
-        if wrapper is not None and not wrapper._closed:
-            wrapper.impl.on_weights_loaded(wrapper)
-
-
-def _check_module(module: Any) -> None:
-    if not isinstance(module, torch.nn.Module):
-        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-    if isinstance(module, (DistributedDataParallel, torch.nn.parallel.DistributedDataParallel)):
-        raise ValueError(
-            f"module is already a {type(module).__module__}.{type(module).__name__}: wrapping it again would "
-            f"communicate every gradient twice; wrap the inner module (.module) instead"
-        )
-    wrapper = getattr(module, "_bagua_wrapper", lambda: None)()
-    if wrapper is not None and not wrapper._closed:
-        raise ValueError(
-            "this module is already wrapped by a bagua.DistributedDataParallel (algorithm "
-            f"{wrapper.algorithm!r}); wrapping it again would stack two algorithms. To switch, call "
-            "close() on the old wrapper first (it removes its hooks and stops its threads)"
-        )
-
-
-def _checked_optimizers(optimizers: Iterable[Any], params: Iterable[torch.Tensor]) -> list[torch.optim.Optimizer]:
-    mine = {id(p) for p in params}
-    checked = []
-    for index, opt in enumerate(optimizers):
-        if not isinstance(opt, torch.optim.Optimizer):
-            hint = " (torch DDP's device_ids? pass it by keyword: device_ids=[...])" if isinstance(opt, (int, torch.device)) else ""
-            raise TypeError(f"optimizers must be torch.optim.Optimizer instances, got {type(opt).__name__}{hint}")
-        if not any(id(p) in mine for group in opt.param_groups for p in group["params"]):
-            raise ValueError(
-                f"optimizers[{index}] ({type(opt).__name__}) holds none of the module's trainable parameters; "
-                f"build it from the wrapped module's parameters (model.parameters())"
-            )
-        checked.append(opt)
-    return checked
 
 
 def _to_device(tree: Any, device: torch.device) -> Any:

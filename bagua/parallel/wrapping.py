@@ -1,0 +1,83 @@
+"""What wrapping a module checks and leaves on it: the arguments' checks, and the module's weak
+link back to its wrapper (``module._bagua_wrapper``), through which a ``load_state_dict`` or
+the process's exit reach the algorithm.
+
+Example::
+
+    check_module(model)
+    opts = checked_optimizers([opt], model.parameters())
+    model._bagua_wrapper = WrapperLink(wrapper)
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any, Iterable, Optional
+
+import torch
+
+if TYPE_CHECKING:
+    from .ddp import DistributedDataParallel
+
+
+class WrapperLink:
+    """The wrapped module's link back to its wrapper: a weak reference (the module does not keep
+    the wrapper alive) that a copy or a pickle of the module gets inert."""
+
+    def __init__(self, wrapper: Optional["DistributedDataParallel"] = None):
+        self._ref = weakref.ref(wrapper) if wrapper is not None else None
+
+    def __call__(self) -> Optional["DistributedDataParallel"]:
+        return None if self._ref is None else self._ref()
+
+    def __reduce__(self):
+        return (WrapperLink, ())
+
+    def process_exiting(self) -> None:
+        """bagua's exit handler: the algorithm stops its background work before the groups go."""
+        wrapper = self()
+        if wrapper is not None and not wrapper._closed:
+            wrapper.impl.on_exit(wrapper)
+
+    def weights_loaded(self, module: torch.nn.Module, incompatible_keys: Any) -> None:
+        """The module's load_state_dict post hook: tell the algorithm."""
+        wrapper = self()
+        if wrapper is not None and not wrapper._closed:
+            wrapper.impl.on_weights_loaded(wrapper)
+
+
+def check_module(module: Any) -> None:
+    """A clear error unless ``module`` is an nn.Module that no open wrapper holds."""
+    from .ddp import DistributedDataParallel
+
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    if isinstance(module, (DistributedDataParallel, torch.nn.parallel.DistributedDataParallel)):
+        raise ValueError(
+            f"module is already a {type(module).__module__}.{type(module).__name__}: wrapping it again would "
+            f"communicate every gradient twice; wrap the inner module (.module) instead"
+        )
+    wrapper = getattr(module, "_bagua_wrapper", lambda: None)()
+    if wrapper is not None and not wrapper._closed:
+        raise ValueError(
+            "this module is already wrapped by a bagua.DistributedDataParallel (algorithm "
+            f"{wrapper.algorithm!r}); wrapping it again would stack two algorithms. To switch, call "
+            "close() on the old wrapper first (it removes its hooks and stops its threads)"
+        )
+
+
+def checked_optimizers(optimizers: Iterable[Any], params: Iterable[torch.Tensor]) -> list[torch.optim.Optimizer]:
+    """``optimizers`` as a list, each a torch optimizer holding some of ``params``."""
+    mine = {id(p) for p in params}
+    checked = []
+    for index, opt in enumerate(optimizers):
+        if not isinstance(opt, torch.optim.Optimizer):
+            hint = " (torch DDP's device_ids? pass it by keyword: device_ids=[...])" if isinstance(opt, (int, torch.device)) else ""
+            raise TypeError(f"optimizers must be torch.optim.Optimizer instances, got {type(opt).__name__}{hint}")
+        if not any(id(p) in mine for group in opt.param_groups for p in group["params"]):
+            raise ValueError(
+                f"optimizers[{index}] ({type(opt).__name__}) holds none of the module's trainable parameters; "
+                f"build it from the wrapped module's parameters (model.parameters())"
+            )
+        checked.append(opt)
+    return checked
