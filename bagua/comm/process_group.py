@@ -194,17 +194,21 @@ def init_process_group(
             f"LOCAL_RANK={local_rank} does not match RANK={rank} with LOCAL_WORLD_SIZE="
             f"{local_size}; ranks must be laid out node by node as torchrun does"
         )
+    # An address given as arguments goes to torch as a tcp:// URL (the environment is left
+    # alone); otherwise torch reads MASTER_ADDR/MASTER_PORT itself (env://), as under torchrun.
+    explicit_address = master_addr is not None or master_port is not None
+    if world_size == 1 and not explicit_address:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
     master_addr = master_addr if master_addr is not None else os.environ.get("MASTER_ADDR")
     master_port = _given_or_env("master_port", master_port, "MASTER_PORT", 0)
-    if world_size == 1:
-        master_addr = master_addr or "127.0.0.1"
-        master_port = master_port or _free_port()
     if not master_addr or not master_port:
         name = "MASTER_ADDR" if not master_addr else "MASTER_PORT"
         raise ValueError(
             f"environment variable {name} is not set; launch with torchrun, set it, or pass "
             f"{name.lower()}= to bagua.init_process_group"
         )
+    init_method = f"tcp://{_url_host(master_addr)}:{master_port}" if explicit_address else None
 
     if check_collectives is None:
         check_collectives = os.environ.get("BAGUA_CHECK_COLLECTIVES", "1") not in ("0", "false", "False")
@@ -213,10 +217,7 @@ def init_process_group(
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
     if not dist.is_initialized():
         _import_dynamo_first()
-        dist.init_process_group(
-            backend, init_method=f"tcp://{_url_host(master_addr)}:{master_port}", rank=rank,
-            world_size=world_size, timeout=timeout,
-        )
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout)
     backend_name = str(dist.get_backend())
 
     num_nodes = world_size // local_size
