@@ -54,11 +54,6 @@ def _home(tensor: torch.Tensor) -> int | None:
     return storage.data_ptr() if storage.nbytes() > tensor.nbytes else None
 
 
-#: the first bucket's size (torch DDP's ``_DEFAULT_FIRST_BUCKET_BYTES``): the last layers'
-#: gradients, ready first in backward, start communicating while the rest of backward runs
-FIRST_BUCKET_BYTES = 1 << 20
-
-
 class AlgorithmImpl:
     """The hooks the wrapper calls; the defaults communicate nothing.
 
@@ -88,16 +83,14 @@ class AlgorithmImpl:
 
     def bucket_tensors(self, named: list[NamedTensor], bucket_size_bytes: int) -> list[list[NamedTensor]]:
         """Split ``named`` into consecutive groups of one dtype and device, each about
-        ``bucket_size_bytes`` (a tensor larger than that gets a bucket of its own), the first
-        one closed at ``FIRST_BUCKET_BYTES`` as torch DDP does, so that communication starts
-        early in backward. Tensors that are views into a shared buffer (a fused optimizer's) are
-        not mixed with others, so each bucket can adopt its stretch of that buffer without copying."""
+        ``bucket_size_bytes`` (a tensor larger than that gets a bucket of its own). Tensors that
+        are views into a shared buffer (a fused optimizer's) are not mixed with others, so each
+        bucket can adopt its stretch of that buffer without copying."""
         buckets: list[list[NamedTensor]] = []
         size, kind = 0, None
         for name, tensor in named:
             this = (tensor.dtype, tensor.device, _home(tensor))
-            cap = min(bucket_size_bytes, FIRST_BUCKET_BYTES) if len(buckets) == 1 else bucket_size_bytes
-            if not buckets or size >= cap or this != kind:
+            if not buckets or size >= bucket_size_bytes or this != kind:
                 buckets.append([])
                 size, kind = 0, this
             buckets[-1].append((name, tensor))
