@@ -8,6 +8,7 @@ Example::
 """
 
 from . import algorithms, comm, data, optim, parallel
+from . import checkpoint
 from .comm import (
     destroy_process_group,
     get_local_rank,
@@ -22,6 +23,6 @@ from .parallel import DistributedDataParallel, with_bagua
 __version__ = "0.1.0"
 
 __all__ = [
-    "DistributedDataParallel", "algorithms", "comm", "data", "optim", "parallel", "with_bagua", "destroy_process_group", "get_local_rank", "get_local_size", "get_rank",
+    "DistributedDataParallel", "algorithms", "checkpoint", "comm", "data", "optim", "parallel", "with_bagua", "destroy_process_group", "get_local_rank", "get_local_size", "get_rank",
     "get_world_size", "init_process_group", "is_initialized", "__version__",
 ]

@@ -121,6 +121,9 @@ class AsyncModelAverageImpl(AlgorithmImpl):
     def broadcasts_buffers(self, ddp) -> bool:
         return self.steps <= self.warmup_steps  # afterwards no rank waits for another (abort syncs them)
 
+    def replicas_identical(self, ddp) -> bool:
+        return self.steps <= self.warmup_steps or not self._averaging  # after abort(): identical
+
     def on_forward_pre(self, ddp) -> None:
         self._raise_loop_error()
         self.steps += 1  # the step this forward begins

@@ -136,6 +136,11 @@ class AlgorithmImpl:
         default yes. Algorithms whose ranks never wait for each other return False."""
         return True
 
+    def replicas_identical(self, ddp: "DistributedDataParallel") -> bool:
+        """Whether every rank holds the same weights between steps (default yes); algorithms
+        whose replicas legitimately differ return False, and checkpoints then keep every rank's."""
+        return True
+
     def state_dict(self) -> dict:
         """What a checkpoint must hold to resume this algorithm exactly (default: nothing)."""
         return {}
@@ -167,6 +172,9 @@ class WeightCommunicationImpl(AlgorithmImpl):
 
     def ready_on_backward(self, ddp: "DistributedDataParallel") -> bool:
         return False
+
+    def replicas_identical(self, ddp: "DistributedDataParallel") -> bool:
+        return False  # each rank averages with its peers only
 
     def on_forward_pre(self, ddp: "DistributedDataParallel") -> None:
         self.communicating = ddp.step % self.interval == 0  # ddp.step: steps before this one

@@ -17,6 +17,7 @@ from .collectives import (
     Handle,
     ReduceOp,
     allgather,
+    allgather_object,
     allreduce,
     alltoall,
     as_reduce_op,
@@ -58,7 +59,7 @@ from .traffic import bytes_sent, reset_traffic, traffic_by_kind
 __all__ = [
     "BF16", "CODEC_NAMES", "at_teardown", "FP16", "BaguaProcessGroup", "Bucket", "Codec", "CollectiveError",
     "Engine", "EngineError", "Handle", "MinMaxUInt8", "NotInitializedError", "Payload", "ReduceOp",
-    "allgather", "allreduce", "alltoall", "alltoall_v", "as_reduce_op", "barrier", "broadcast", "broadcast_object", "bytes_sent",
+    "allgather", "allgather_object", "allreduce", "alltoall", "alltoall_v", "as_reduce_op", "barrier", "broadcast", "broadcast_object", "bytes_sent",
     "compressed_allreduce", "destroy_process_group", "from_torch_group", "gather", "get_codec", "get_default_group",
     "get_inter_node_group", "get_intra_node_group", "get_local_rank", "get_local_size", "get_rank",
     "get_world_size", "init_process_group", "is_initialized", "new_group", "new_node_groups", "NodeGroups", "recv", "reduce",

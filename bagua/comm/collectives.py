@@ -513,9 +513,7 @@ def broadcast_object(obj: Any, src: int = 0, group: Optional[BaguaProcessGroup] 
     if pg.size == 1:
         return obj
     if dist.get_rank() == src:
-        buffer = io.BytesIO()
-        torch.save(obj, buffer)
-        payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+        payload = _serialized(obj)
         size = torch.tensor([payload.numel()], dtype=torch.int64)
     else:
         size = torch.zeros(1, dtype=torch.int64)
@@ -523,8 +521,35 @@ def broadcast_object(obj: Any, src: int = 0, group: Optional[BaguaProcessGroup] 
     if dist.get_rank() != src:
         payload = torch.empty(int(size), dtype=torch.uint8)
     broadcast(payload, src=src, group=pg)
-    if dist.get_rank() == src:
-        return obj
+    return obj if dist.get_rank() == src else _deserialized(payload)
+
+
+def allgather_object(obj: Any, group: Optional[BaguaProcessGroup] = None) -> list[Any]:
+    """Every rank's ``obj``, in rank order, on every rank (anything ``torch.save`` can write;
+    tensors come back on the CPU). Every rank calls it.
+
+    Example::
+
+        states = bagua.comm.allgather_object(torch.get_rng_state())   # one per rank
+    """
+    pg = _group(group)
+    if pg.size == 1:
+        return [obj]
+    payload = _serialized(obj)
+    sizes = allgather(torch.tensor([payload.numel()], dtype=torch.int64), group=pg)
+    padded = torch.zeros(int(sizes.max()), dtype=torch.uint8)
+    padded[: payload.numel()] = payload
+    gathered = allgather(padded, group=pg).view(pg.size, -1)
+    return [_deserialized(row[: int(n)]) for row, n in zip(gathered, sizes)]
+
+
+def _serialized(obj: Any) -> torch.Tensor:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+def _deserialized(payload: torch.Tensor) -> Any:
     return torch.load(io.BytesIO(payload.numpy().tobytes()), map_location="cpu", weights_only=False)
 
 

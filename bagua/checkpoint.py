@@ -1,0 +1,264 @@
+"""Checkpoints that resume exactly: model, optimizers, LR schedulers, the wrapper's step and
+algorithm state, the sampler's progress, and every rank's RNG states.
+
+Every rank calls ``save_checkpoint`` (it gathers the ranks' RNG states). Rank 0 writes one
+file; when the algorithm's replicas legitimately differ (decentralized, low-precision
+decentralized, async after its warm-up) every other rank first writes its own replica (weights,
+optimizer and algorithm state) to ``<path>.rank<r>``, and rank 0 writes ``<path>`` last, so a
+complete set is exactly a readable ``<path>``. Writes are atomic (a temporary file in the same
+directory, fsync, rename): a crash leaves the previous checkpoint intact. ``load_checkpoint``
+reads the files on every rank (a filesystem every rank sees): each rank takes its own replica
+when the world size is the one saved, rank 0's otherwise.
+
+Example::
+
+    path = bagua.checkpoint.latest_checkpoint("ckpt")
+    step = bagua.checkpoint.load_checkpoint(path, model=ddp, optimizers=[opt], sampler=sampler) if path else 0
+    for step in range(step + 1, total + 1):
+        ...train one step...
+        if step % 100 == 0:
+            bagua.checkpoint.save_checkpoint(f"ckpt/step-{step}.pt", step=step, model=ddp,
+                                             optimizers=[opt], sampler=sampler)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+from . import comm
+from .parallel import DistributedDataParallel
+
+__all__ = ["CheckpointError", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "bagua-checkpoint/1"
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file that cannot be used: unreadable, truncated, or not what the call needs."""
+
+
+def save_checkpoint(
+    path: PathLike,
+    *,
+    step: int,
+    model: torch.nn.Module,
+    optimizers: Sequence[torch.optim.Optimizer],
+    lr_schedulers: Sequence[Any] = (),
+    sampler: Any = None,
+    extra: Any = None,
+) -> None:
+    """Write a checkpoint of training after ``step`` steps (every rank calls it).
+
+    Args:
+        model: a ``bagua.DistributedDataParallel`` (its step and algorithm state are saved too)
+            or a bare module; the weights are saved with the module's own keys.
+        optimizers, lr_schedulers: saved with their ``state_dict()`` (fused optimizers too).
+        sampler: anything with ``state_dict()`` (bagua's samplers: the epoch's progress).
+        extra: anything ``torch.save`` can write, returned by ``load_checkpoint(..., extra=...)``.
+
+    Example::
+
+        save_checkpoint(f"ckpt/step-{step}.pt", step=step, model=ddp, optimizers=[opt])
+    """
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"save_checkpoint: step must be an int >= 0, got {step!r}")
+    path = Path(path)
+    wrapper, module = _unwrap(model)
+    rank, world = _rank_and_world()
+    rng = comm.allgather_object(_rng_state()) if world > 1 else [_rng_state()]
+    replica = _replica(module, optimizers, wrapper)
+    separate = wrapper is not None and not wrapper.impl.replicas_identical(wrapper)
+    if separate and rank != 0:
+        _atomic_save({"format": FORMAT, "rank": rank, **replica}, _rank_path(path, rank))
+    if world > 1:
+        comm.barrier()  # every rank's file is in place before the one that makes the set complete
+    if rank == 0:
+        _atomic_save({
+            "format": FORMAT, "step": step, "world_size": world, "replica_files": world if separate else 0,
+            **replica, "lr_schedulers": [s.state_dict() for s in lr_schedulers],
+            "sampler": sampler.state_dict() if sampler is not None else None, "rng": rng, "extra": extra,
+        }, path)
+    if world > 1:
+        comm.barrier()  # nobody goes on (or reads it) before the checkpoint exists
+
+
+def load_checkpoint(
+    path: PathLike,
+    *,
+    model: torch.nn.Module,
+    optimizers: Sequence[torch.optim.Optimizer],
+    lr_schedulers: Sequence[Any] = (),
+    sampler: Any = None,
+    extra: Optional[dict] = None,
+) -> int:
+    """Restore what ``save_checkpoint`` wrote into the given objects; return its step (every
+    rank calls it). ``extra``, if a dict, receives the saved extra under ``"extra"``.
+
+    Loaded into a bare module before wrapping, the algorithm state is not restored (there is
+    no wrapper yet): load after wrapping to resume a schedule or warm-up exactly. At another
+    world size each rank takes rank 0's replica and RNG states are left as they are.
+
+    Example::
+
+        step = load_checkpoint(latest_checkpoint("ckpt"), model=ddp, optimizers=[opt])
+    """
+    path = Path(path)
+    wrapper, module = _unwrap(model)
+    rank, world = _rank_and_world()
+    main = _read(path)
+    same_world = main["world_size"] == world
+    replica = main
+    if main["replica_files"] and same_world and rank != 0:
+        replica = _read(_rank_path(path, rank))
+    if len(replica["optimizers"]) != len(optimizers) or len(main["lr_schedulers"]) != len(lr_schedulers):
+        raise CheckpointError(
+            f"{path} holds {len(replica['optimizers'])} optimizer(s) and {len(main['lr_schedulers'])} LR "
+            f"scheduler(s); pass the same number (got {len(optimizers)} and {len(lr_schedulers)})"
+        )
+    module.load_state_dict(replica["model"])
+    for opt, state in zip(optimizers, replica["optimizers"]):
+        opt.load_state_dict(state)
+    for scheduler, state in zip(lr_schedulers, main["lr_schedulers"]):
+        scheduler.load_state_dict(state)
+    if replica["algorithm"] is not None:
+        if wrapper is not None:
+            wrapper.load_algorithm_state_dict(replica["algorithm"])
+        else:
+            logger.warning("%s: loaded into a bare module, the algorithm state is not restored "
+                           "(load after wrapping to resume it exactly)", path)
+    if sampler is not None and main["sampler"] is not None:
+        sampler.load_state_dict(main["sampler"])
+    if same_world:
+        _set_rng_state(main["rng"][rank])
+    else:
+        logger.warning("%s was saved at world size %d, loaded at %d: RNG states not restored",
+                       path, main["world_size"], world)
+    if isinstance(extra, dict):
+        extra["extra"] = main["extra"]
+    return int(main["step"])
+
+
+def latest_checkpoint(directory: PathLike) -> Optional[str]:
+    """The path of the newest complete checkpoint in ``directory`` (by saved step), or None.
+    Unreadable or incomplete files are skipped with a warning.
+
+    Example::
+
+        path = latest_checkpoint("ckpt")       # e.g. "ckpt/step-300.pt"
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return None
+    best: Optional[tuple[int, str]] = None
+    for candidate in sorted(directory.iterdir()):
+        if not candidate.is_file() or _RANK_FILE.search(candidate.name) or candidate.name.startswith("."):
+            continue
+        try:
+            main = _read(candidate, probe=True)
+            for r in range(1, main["replica_files"]):
+                _read(_rank_path(candidate, r), probe=True)
+        except CheckpointError as error:
+            logger.warning("skipping %s", error)
+            continue
+        if best is None or main["step"] > best[0]:
+            best = (int(main["step"]), str(candidate))
+    return None if best is None else best[1]
+
+
+# --- what goes in -------------------------------------------------------------------------------
+def _unwrap(model: torch.nn.Module) -> tuple[Optional[DistributedDataParallel], torch.nn.Module]:
+    if isinstance(model, DistributedDataParallel):
+        return model, model.module
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return None, model.module
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module or a bagua.DistributedDataParallel, got {type(model).__name__}")
+    return None, model
+
+
+def _replica(module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer],
+             wrapper: Optional[DistributedDataParallel]) -> dict:
+    return {
+        "model": module.state_dict(),
+        "optimizers": [opt.state_dict() for opt in optimizers],
+        "algorithm": wrapper.algorithm_state_dict() if wrapper is not None else None,
+    }
+
+
+def _rank_and_world() -> tuple[int, int]:
+    return (comm.get_rank(), comm.get_world_size()) if comm.is_initialized() else (0, 1)
+
+
+def _rng_state() -> dict:
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+# --- files ------------------------------------------------------------------------------------------
+_RANK_FILE = re.compile(r"\.rank\d+$")
+
+
+def _rank_path(path: Path, rank: int) -> Path:
+    return path.with_name(f"{path.name}.rank{rank}")
+
+
+def _atomic_save(obj: dict, path: Path) -> None:
+    """``torch.save`` to a temporary file beside ``path``, fsync, rename over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself survives a crash
+    finally:
+        os.close(directory)
+
+
+def _read(path: Path, probe: bool = False) -> dict:
+    """The checkpoint at ``path``; ``probe``: mapped, not read (cheap, for checking many files:
+    a truncated zip fails at once, its directory being at the end)."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=probe)
+    except Exception as error:
+        raise CheckpointError(
+            f"{path} is not a readable checkpoint ({type(error).__name__}: {error}); it may be truncated "
+            f"by a crash during an older, non-atomic write: delete it or load another"
+        ) from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a bagua checkpoint (written by bagua.checkpoint.save_checkpoint)")
+    return state
