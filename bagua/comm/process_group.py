@@ -233,7 +233,7 @@ def init_process_group(
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
     if not dist.is_initialized():
         _import_dynamo_first()
-        store = None if explicit_address else _torchrun_attempt_store(master_addr, master_port, world_size, timeout)
+        store = _torchrun_attempt_store(master_addr, master_port, world_size, timeout)
         if store is not None:
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         else:

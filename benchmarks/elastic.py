@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Elastic training: restart success and recovery time under torchrun, and checkpoint cost.
+
+Parts:
+
+- restarts: ``torchrun --standalone --nproc-per-node 2 --max-restarts 2`` runs a job whose rank 1
+  kills itself (SIGKILL) after 10 allreduces of its first attempt; the trial succeeds when the
+  job exits 0 with both ranks finishing the second attempt. Bagua's job
+  (``bagua.init_process_group``) and the control (plain ``torch.distributed.init_process_group``)
+  alternate, ``--trials`` each. Recovery time: from the kill (the killed rank writes the time
+  first) to the end of the first allreduce of the restarted attempt (rank 0), median over the
+  successful trials.
+- checkpoint: a 2-rank torchrun job trains the 10M-parameter MLP of benchmarks/ddp.py
+  (1024-1664x4-10, SGD with momentum, batch 64 per rank, gradient_allreduce) and times
+  ``bagua.checkpoint.save_checkpoint`` against the step time; reported as the share of step
+  time at a save every ``--interval`` steps.
+
+Targets: 20/20 restarts for bagua; recovery under 5 s (standalone); checkpoint under 2% of step
+time at the chosen interval.
+
+Usage::
+
+    python benchmarks/elastic.py                      # both parts (~5 min)
+    python benchmarks/elastic.py --parts restarts --trials 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+def restart_worker(args: argparse.Namespace) -> int:
+    """One rank of a restart trial (``--worker restart --launcher bagua|torch``)."""
+    import torch
+    import torch.distributed as dist
+
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if args.launcher == "bagua":
+        import bagua
+
+        bagua.init_process_group()
+        allreduce, rank = bagua.comm.allreduce, bagua.get_rank()
+    else:
+        dist.init_process_group("gloo")
+        allreduce, rank = dist.all_reduce, dist.get_rank()
+    t = torch.ones(1000)
+    for step in range(20):
+        allreduce(t)
+        if attempt > 0 and step == 0 and rank == 0:
+            Path(args.dir, "resumed").write_text(repr(time.time()))
+        if attempt == 0 and rank == 1 and step == 10:
+            Path(args.dir, "killed").write_text(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+    print(f"rank {rank} attempt {attempt} done", flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+def run_restarts(trials: int) -> dict:
+    results: dict[str, dict] = {}
+    for trial in range(trials):
+        for launcher in ("bagua", "torch"):
+            with tempfile.TemporaryDirectory() as marks:
+                cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                       "--max-restarts", "2", str(HERE / "elastic.py"), "--worker", "restart",
+                       "--launcher", launcher, "--dir", marks]
+                log = Path(marks, "log")
+                with open(log, "w") as sink:
+                    proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+                    try:
+                        ok = proc.wait(timeout=45) == 0  # a healthy trial takes ~7 s
+                        out = log.read_text()
+                    except subprocess.TimeoutExpired:  # a hang: the launcher and its workers go
+                        _kill_matching(marks)
+                        proc.wait()
+                        out, ok = "timeout", False
+                ok = ok and "rank 0 attempt 1 done" in out and "rank 1 attempt 1 done" in out
+                entry = results.setdefault(launcher, {"ok": 0, "trials": 0, "recovery_s": [], "failures": []})
+                entry["trials"] += 1
+                if ok:
+                    entry["ok"] += 1
+                    killed, resumed = (float(Path(marks, n).read_text()) for n in ("killed", "resumed"))
+                    entry["recovery_s"].append(resumed - killed)
+                else:
+                    reason = "connectFullMesh" if "connectFullMesh" in out else ("hang" if out == "timeout" else "exit")
+                    entry["failures"].append(reason)
+                print(f"trial {trial + 1} {launcher}: {'ok' if ok else 'FAILED (' + entry['failures'][-1] + ')'}", flush=True)
+    for entry in results.values():
+        entry["median_recovery_s"] = statistics.median(entry["recovery_s"]) if entry["recovery_s"] else None
+    return results
+
+
+def _kill_matching(text: str) -> None:
+    """SIGKILL every process whose command line contains ``text`` (a trial's launcher and workers,
+    which torchrun starts in sessions of their own)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if text.encode() in Path("/proc", pid, "cmdline").read_bytes():
+                os.kill(int(pid), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            pass
+
+
+def checkpoint_worker(args: argparse.Namespace) -> int:
+    """One rank of the checkpoint-cost job (``--worker checkpoint``, under torchrun)."""
+    import torch
+    import torch.nn.functional as F
+
+    import bagua
+    from ddp import make_batches, make_model, parse_mlp
+
+    torch.set_num_threads(1)
+    bagua.init_process_group()
+    dims = parse_mlp("1024-1664x4-10")
+    model = make_model(dims)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    ddp = bagua.DistributedDataParallel(model, [opt])
+    batches = make_batches(dims, 64, 4, bagua.get_rank())
+    steps, saves = [], []
+    directory = args.dir  # the driver's temporary directory, the same for every rank
+    for i in range(args.steps):
+        start = time.perf_counter()
+        x, y = batches[i % len(batches)]
+        opt.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+        opt.step()
+        steps.append(time.perf_counter() - start)
+        if i % 5 == 4:
+            start = time.perf_counter()
+            bagua.checkpoint.save_checkpoint(f"{directory}/step-{i}.pt", step=i, model=ddp, optimizers=[opt])
+            saves.append(time.perf_counter() - start)
+    if bagua.get_rank() == 0:
+        size = os.path.getsize(f"{directory}/step-{args.steps - 1}.pt")
+        step_s, save_s = statistics.median(steps[2:]), statistics.median(saves)
+        print("@@elastic@@ " + json.dumps({"step_s": step_s, "save_s": save_s, "bytes": size}), flush=True)
+    bagua.destroy_process_group()
+    return 0
+
+
+def run_checkpoint(interval: int) -> dict:
+    with tempfile.TemporaryDirectory() as directory:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               str(HERE / "elastic.py"), "--worker", "checkpoint", "--steps", "30", "--dir", directory]
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    line = [ln for ln in run.stdout.splitlines() if ln.startswith("@@elastic@@ ")]
+    if run.returncode != 0 or not line:
+        raise RuntimeError(f"checkpoint job failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}")
+    result = json.loads(line[0].split(" ", 1)[1])
+    result["interval"] = interval
+    result["share_of_step_time"] = result["save_s"] / (interval * result["step_s"])
+    return result
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--parts", nargs="+", choices=["restarts", "checkpoint"], default=["restarts", "checkpoint"])
+    p.add_argument("--trials", type=int, default=20)
+    p.add_argument("--interval", type=int, default=100, help="steps between checkpoints (checkpoint part)")
+    p.add_argument("--worker", choices=["restart", "checkpoint"], help=argparse.SUPPRESS)
+    p.add_argument("--launcher", choices=["bagua", "torch"], help=argparse.SUPPRESS)
+    p.add_argument("--dir", help=argparse.SUPPRESS)
+    p.add_argument("--steps", type=int, default=30, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker == "restart":
+        return restart_worker(args)
+    if args.worker == "checkpoint":
+        return checkpoint_worker(args)
+    report = {"date": time.strftime("%Y-%m-%d %H:%M")}
+    if "restarts" in args.parts:
+        report["restarts"] = run_restarts(args.trials)
+    if "checkpoint" in args.parts:
+        report["checkpoint"] = run_checkpoint(args.interval)
+    print(json.dumps(report, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
