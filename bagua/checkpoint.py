@@ -77,17 +77,19 @@ def save_checkpoint(
     path = Path(path)
     wrapper, module = _unwrap(model)
     rank, world = _rank_and_world()
-    rng = comm.allgather_object(_rng_state()) if world > 1 else [_rng_state()]
-    replica = _replica(module, optimizers, wrapper)
-    separate = wrapper is not None and not wrapper.impl.replicas_identical(wrapper)
+    differs = wrapper is not None and not wrapper.impl.replicas_identical(wrapper)
+    mine = (_rng_state(), differs)
+    gathered = comm.allgather_object(mine) if world > 1 else [mine]
+    rng = [state for state, _ in gathered]
+    separate = any(d for _, d in gathered)  # one decision for all ranks, in the same message
     if separate and rank != 0:
-        _atomic_save({"format": FORMAT, "rank": rank, **replica}, _rank_path(path, rank))
+        _atomic_save({"format": FORMAT, "rank": rank, **_replica(module, optimizers, wrapper)}, _rank_path(path, rank))
     if world > 1:
         comm.barrier()  # every rank's file is in place before the one that makes the set complete
     if rank == 0:
         _atomic_save({
             "format": FORMAT, "step": step, "world_size": world, "replica_files": world if separate else 0,
-            **replica, "lr_schedulers": [s.state_dict() for s in lr_schedulers],
+            **_replica(module, optimizers, wrapper), "lr_schedulers": [s.state_dict() for s in lr_schedulers],
             "sampler": sampler.state_dict() if sampler is not None else None, "rng": rng, "extra": extra,
         }, path)
     if world > 1:
