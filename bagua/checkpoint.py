@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import random
@@ -58,6 +59,7 @@ def save_checkpoint(
     lr_schedulers: Sequence[Any] = (),
     sampler: Any = None,
     extra: Any = None,
+    keep_last: Optional[int] = None,
 ) -> None:
     """Write a checkpoint of training after ``step`` steps (every rank calls it).
 
@@ -67,13 +69,17 @@ def save_checkpoint(
         optimizers, lr_schedulers: saved with their ``state_dict()`` (fused optimizers too).
         sampler: anything with ``state_dict()`` (bagua's samplers: the epoch's progress).
         extra: anything ``torch.save`` can write, returned by ``load_checkpoint(..., extra=...)``.
+        keep_last: if given, the other checkpoints in the same directory are removed but the
+            newest ``keep_last`` (by step, this one included), once this one is complete.
 
     Example::
 
-        save_checkpoint(f"ckpt/step-{step}.pt", step=step, model=ddp, optimizers=[opt])
+        save_checkpoint(f"ckpt/step-{step}.pt", step=step, model=ddp, optimizers=[opt], keep_last=3)
     """
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ValueError(f"save_checkpoint: step must be an int >= 0, got {step!r}")
+    if keep_last is not None and (not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 1):
+        raise ValueError(f"save_checkpoint: keep_last must be an int >= 1 or None, got {keep_last!r}")
     path = Path(path)
     wrapper, module = _unwrap(model)
     rank, world = _rank_and_world()
@@ -92,6 +98,8 @@ def save_checkpoint(
             **_replica(module, optimizers, wrapper), "lr_schedulers": [s.state_dict() for s in lr_schedulers],
             "sampler": sampler.state_dict() if sampler is not None else None, "rng": rng, "extra": extra,
         }, path)
+        if keep_last is not None:
+            _remove_all_but_newest(path.parent, keep_last)
     if world > 1:
         comm.barrier()  # nobody goes on (or reads it) before the checkpoint exists
 
@@ -160,10 +168,15 @@ def latest_checkpoint(directory: PathLike) -> Optional[str]:
 
         path = latest_checkpoint("ckpt")       # e.g. "ckpt/step-300.pt"
     """
-    directory = Path(directory)
+    found = _complete_checkpoints(Path(directory), warn=True)
+    return str(found[-1][1]) if found else None
+
+
+def _complete_checkpoints(directory: Path, warn: bool) -> list[tuple[int, Path]]:
+    """The complete checkpoints in ``directory`` as (step, path), oldest first."""
     if not directory.is_dir():
-        return None
-    best: Optional[tuple[int, str]] = None
+        return []
+    found = []
     for candidate in sorted(directory.iterdir()):
         if not candidate.is_file() or _RANK_FILE.search(candidate.name) or candidate.name.startswith("."):
             continue
@@ -172,11 +185,22 @@ def latest_checkpoint(directory: PathLike) -> Optional[str]:
             for r in range(1, main["replica_files"]):
                 _read(_rank_path(candidate, r), probe=True)
         except CheckpointError as error:
-            logger.warning("skipping %s", error)
+            if warn:
+                logger.warning("skipping %s", error)
             continue
-        if best is None or main["step"] > best[0]:
-            best = (int(main["step"]), str(candidate))
-    return None if best is None else best[1]
+        found.append((int(main["step"]), candidate))
+    return sorted(found, key=lambda item: item[0])
+
+
+def _remove_all_but_newest(directory: Path, keep: int) -> None:
+    """Remove the complete checkpoints of ``directory`` but the newest ``keep``: the main file
+    first (the set is then incomplete, never half-usable), then its replica files."""
+    found = _complete_checkpoints(directory, warn=False)
+    for _, old in found[:max(0, len(found) - keep)]:
+        old.unlink(missing_ok=True)
+        for replica in directory.glob(f"{glob.escape(old.name)}.rank*"):
+            if _RANK_FILE.search(replica.name):
+                replica.unlink(missing_ok=True)
 
 
 # --- what goes in -------------------------------------------------------------------------------

@@ -84,17 +84,22 @@ def materialize(dataset: Dataset) -> TensorDataset:
     return TensorDataset(torch.stack(xs), torch.stack(ys))
 
 
-def load_data() -> tuple[ExpensiveTransform, TensorDataset]:
-    """The 1797 8x8 digits shipped with scikit-learn: a fixed, stratified 80/20 split (the same
-    whatever --seed), standardized with the training set's statistics, then the expensive
-    transform: computed per sample for the training set (what the cache is for), once for the
-    small test set. Identical on every rank."""
+def digits_tensors() -> tuple[TensorDataset, TensorDataset]:
+    """The 1797 8x8 digits shipped with scikit-learn as (train, test) tensors: a fixed, stratified
+    80/20 split (the same whatever --seed), standardized with the training set's statistics."""
     x, y = load_digits(return_X_y=True)
     x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, stratify=y, random_state=0)
     mean, std = x_train.mean(axis=0), x_train.std(axis=0) + 1e-6  # some border pixels are always 0
     def tensors(xs, ys):
         return TensorDataset(torch.tensor((xs - mean) / std, dtype=torch.float32), torch.tensor(ys))
-    return ExpensiveTransform(tensors(x_train, y_train)), materialize(ExpensiveTransform(tensors(x_test, y_test)))
+    return tensors(x_train, y_train), tensors(x_test, y_test)
+
+
+def load_data() -> tuple[ExpensiveTransform, TensorDataset]:
+    """The digits through the expensive transform: computed per sample for the training set (what
+    the cache is for), once for the small test set. Identical on every rank."""
+    train, test = digits_tensors()
+    return ExpensiveTransform(train), materialize(ExpensiveTransform(test))
 
 
 def cached(train_set: Dataset, cache_dir: str, rank: int) -> bagua.data.CachedDataset:

@@ -32,6 +32,8 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+from .attempt import torchrun_attempt_store
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=10)
@@ -117,22 +119,6 @@ def _given_or_env(arg: str, value: Optional[int], env: str, default: Optional[in
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"bagua.init_process_group: {arg} must be an int, got {value!r}")
     return value
-
-
-def _torchrun_attempt_store(addr: str, port: int, world_size: int, timeout: datetime.timedelta) -> Optional["dist.Store"]:
-    """Under torchrun, the agent's store seen through a prefix of this attempt's own.
-
-    torchrun's workers all use the agent's TCPStore, unprefixed, across restarts, and torch
-    names the groups the same way in every attempt: a restarted worker could read the address
-    a dead worker of the previous attempt published for the same group, and Gloo then fails
-    with "connectFullMesh ... Connection refused" (or hangs). The attempt's prefix (run id,
-    restart count, world size) keeps each attempt's keys apart. None outside torchrun.
-    """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
-        return None
-    attempt = "/".join(os.environ.get(k, "-") for k in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"))
-    agent_store = dist.TCPStore(addr, port, world_size, is_master=False, timeout=timeout)
-    return dist.PrefixStore(f"bagua/{attempt}/{world_size}/", agent_store)
 
 
 def _url_host(address: str) -> str:
@@ -233,7 +219,7 @@ def init_process_group(
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
     if not dist.is_initialized():
         _import_dynamo_first()
-        store = _torchrun_attempt_store(master_addr, master_port, world_size, timeout)
+        store = torchrun_attempt_store(master_addr, master_port, world_size, rank, timeout)
         if store is not None:
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         else:

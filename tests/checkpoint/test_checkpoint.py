@@ -144,3 +144,15 @@ def test_mismatched_optimizers_and_bad_step_are_clear_errors(tmp_path):
     save_checkpoint(tmp_path / "d.pt", step=1, model=model, optimizers=[opt])
     with pytest.raises(CheckpointError, match=r"holds 1 optimizer\(s\).*got 2"):
         load_checkpoint(tmp_path / "d.pt", model=model, optimizers=[opt, opt])
+
+
+def test_keep_last_removes_older_checkpoints_with_their_replica_files(tmp_path):
+    model, opt = _simple()
+    for step in (1, 2, 3):
+        save_checkpoint(tmp_path / f"step-{step}.pt", step=step, model=model, optimizers=[opt])
+    (tmp_path / "step-1.pt.rank1").write_bytes(b"replica")  # as a run with differing replicas leaves
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    save_checkpoint(tmp_path / "step-4.pt", step=4, model=model, optimizers=[opt], keep_last=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "step-3.pt", "step-4.pt"]
+    with pytest.raises(ValueError, match="keep_last must be an int >= 1"):
+        save_checkpoint(tmp_path / "step-5.pt", step=5, model=model, optimizers=[opt], keep_last=0)

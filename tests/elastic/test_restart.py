@@ -2,7 +2,7 @@
 
 Without a per-attempt store prefix in bagua.init_process_group, about half of these restarts
 failed with Gloo's "connectFullMesh ... Connection refused" or hung: the restarted workers read
-the dead attempt's addresses from torchrun's agent store (see process_group._torchrun_attempt_store).
+the dead attempt's addresses from torchrun's agent store (see bagua/comm/attempt.py).
 """
 
 from __future__ import annotations
