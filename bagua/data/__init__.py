@@ -5,7 +5,11 @@ it, later epochs read it back (one store round trip per DataLoader batch). ``Cac
 the get-or-compute underneath; ``stores`` holds the backends (``LmdbStore``, ``RedisStore``)
 behind one interface. ``LoadBalancingDistributedSampler`` gives every rank the same amount of
 work per step when samples differ in cost; ``LoadBalancingDistributedBatchSampler`` batches
-samples of similar cost.
+samples of similar cost. ``ElasticDistributedSampler`` is torch's ``DistributedSampler``, plus the
+resuming all three samplers share: ``state_dict()``/``load_state_dict()`` resume mid-epoch, at the
+same world size exactly where each rank stopped, at another one with the samples not consumed yet
+dealt to the new ranks. ``ResumableDataLoader`` is a DataLoader that tells its sampler how much the
+loop received (with worker processes, the sampler alone counts prefetched batches too).
 
 Example::
 
@@ -14,6 +18,8 @@ Example::
     ds = bagua.data.CachedDataset(slow_ds, backend="redis", dataset_name="train-224px",
                                   hosts=[{"host": "10.0.0.5", "port": 6379}])
     sampler = bagua.data.LoadBalancingDistributedSampler(ds, complexities=lengths)
+    loader = bagua.data.ResumableDataLoader(ds, batch_size=32, sampler=sampler, num_workers=4)
+    sampler.load_state_dict(saved_state)     # resume mid-epoch, also at another world size
 
 Faults degrade instead of failing where the cache is only an accelerator: a full cache or
 disk, a Redis server that dies, or a stored value that no longer decodes each log one warning,
@@ -25,8 +31,11 @@ unusable cache path, an unreachable Redis server (host:port).
 from . import stores
 from .cache_loader import CacheLoader
 from .cached_dataset import CachedDataset
+from .elastic_sampler import ElasticDistributedSampler
 from .load_balancing_sampler import LoadBalancingDistributedBatchSampler, LoadBalancingDistributedSampler
+from .resumable_loader import ResumableDataLoader
 
 __all__ = [
-    "CacheLoader", "CachedDataset", "LoadBalancingDistributedBatchSampler", "LoadBalancingDistributedSampler", "stores",
+    "CacheLoader", "CachedDataset", "ElasticDistributedSampler", "LoadBalancingDistributedBatchSampler",
+    "LoadBalancingDistributedSampler", "ResumableDataLoader", "stores",
 ]

@@ -23,6 +23,10 @@ Example::
         batches.set_epoch(epoch)
         for batch in loader:
             ...
+
+Both samplers resume mid-epoch, also at another world size: ``state_dict()`` /
+``load_state_dict()`` (the bookkeeping is in ``epoch_progress``); a resumed plan at another
+world size is made with the same method over the samples not consumed yet.
 """
 
 from __future__ import annotations
@@ -30,34 +34,18 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import numpy as np
-from torch.utils.data import Sampler
 
-from ..comm import get_rank, get_world_size
+from .epoch_progress import (
+    BATCH_STREAM, SAMPLER_STREAM, ResumableIndexSampler, ResumableSampler, Segment, check_int, epoch_rng,
+    replicas_and_rank,
+)
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["LoadBalancingDistributedSampler", "LoadBalancingDistributedBatchSampler"]
-
-# Streams drawn from one epoch's seed: the sampler's own, and the batch sampler's batch order.
-_SAMPLER_STREAM = 0
-_BATCH_STREAM = 1
-
-
-def _epoch_rng(seed: int, epoch: int, stream: int) -> np.random.Generator:
-    """A generator determined by ``seed + epoch`` (as torch's DistributedSampler) and a stream tag."""
-    return np.random.default_rng([(seed + epoch) % 2**64, stream])
-
-
-def _check_int(name: str, value: Any, minimum: Optional[int] = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
-    value = int(value)
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 def _check_complexities(values: np.ndarray, where: str) -> None:
@@ -72,7 +60,7 @@ def _check_complexities(values: np.ndarray, where: str) -> None:
         raise ValueError(f"complexities must be >= 0; {where} {i} has complexity {float(values[i])!r}")
 
 
-class LoadBalancingDistributedSampler(Sampler[int]):
+class LoadBalancingDistributedSampler(ResumableIndexSampler):
     """A ``DistributedSampler`` that gives every rank samples of the same cost at each step.
 
     Each epoch the samples are sorted by complexity (plus noise when ``random_level > 0``),
@@ -103,6 +91,12 @@ class LoadBalancingDistributedSampler(Sampler[int]):
     relative to the whole range ``max - min``, so on a heavy-tailed distribution even a
     small level mixes groups considerably.
 
+    ``state_dict()``/``load_state_dict()`` save and resume the epoch's progress (in indices per
+    rank), also at another world size, where the samples not consumed yet are balanced the same
+    way for the new ranks. Use ``ResumableDataLoader`` when the loader has worker processes (it
+    counts what the loop received; the sampler alone counts what it yielded, which prefetching
+    makes more).
+
     Args:
         dataset: the map-style dataset (only ``len(dataset)`` is used when ``complexities``
             is given).
@@ -127,6 +121,8 @@ class LoadBalancingDistributedSampler(Sampler[int]):
         [4, 3, 5, 1, 9, 0, 8, 7, 6, 2]
     """
 
+    _state_kind = "LoadBalancingDistributedSampler"
+
     def __init__(
         self,
         dataset: Any,
@@ -139,19 +135,12 @@ class LoadBalancingDistributedSampler(Sampler[int]):
         drop_last: bool = False,
         random_level: float = 0.0,
     ) -> None:
-        if num_replicas is None:
-            num_replicas = get_world_size()
-        if rank is None:
-            rank = get_rank()
-        num_replicas = _check_int("num_replicas", num_replicas, minimum=1)
-        rank = _check_int("rank", rank)
-        if not 0 <= rank < num_replicas:
-            raise ValueError(f"rank must be in [0, num_replicas={num_replicas}), got {rank}")
+        num_replicas, rank = replicas_and_rank(num_replicas, rank)
         if isinstance(random_level, bool) or not isinstance(random_level, numbers.Real):
             raise ValueError(f"random_level must be a number in [0, 1], got {random_level!r}")
         if not 0.0 <= float(random_level) <= 1.0:  # also rejects NaN
             raise ValueError(f"random_level must be in [0, 1], got {random_level!r}")
-        seed = _check_int("seed", seed)
+        seed = check_int("seed", seed)
         if (complexity_fn is None) == (complexities is None):
             given = "both" if complexity_fn is not None else "neither"
             raise ValueError(
@@ -194,7 +183,7 @@ class LoadBalancingDistributedSampler(Sampler[int]):
         self._small_int_keys = bool(
             n and self._cmax - self._cmin < 2**16 and np.array_equal(values, np.floor(values))
         )
-        self._cached: Optional[tuple[int, np.ndarray]] = None
+        self._cached: Optional[tuple[Segment, np.ndarray]] = None
 
     def _sort_keys(self, values: np.ndarray) -> np.ndarray:
         """Keys with the order of ``values`` (a gathered copy of the complexities, no noise)."""
@@ -240,42 +229,32 @@ class LoadBalancingDistributedSampler(Sampler[int]):
         _check_complexities(values, "index")
         return values
 
-    def set_epoch(self, epoch: int) -> None:
-        """Set the epoch; with ``shuffle=True`` each epoch gets a different order."""
-        self.epoch = _check_int("epoch", epoch)
+    def _identity(self) -> tuple[int, int, dict[str, Any]]:
+        return len(self.complexities), self.seed, {
+            "shuffle": self.shuffle, "drop_last": self.drop_last, "random_level": self.random_level,
+        }
 
-    def __len__(self) -> int:
-        return self.num_samples
+    def _make_plan(self, segment: Segment) -> np.ndarray:
+        """The ``(steps, width)`` matrix of ``segment``: ``[j, r]`` is rank r's j-th index.
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._plan()[:, self.rank].tolist())
-
-    def indices_for_rank(self, rank: int) -> list[int]:
-        """The indices rank ``rank`` yields this epoch (for inspection; no communication)."""
-        rank = _check_int("rank", rank)
-        if not 0 <= rank < self.num_replicas:
-            raise ValueError(f"rank must be in [0, num_replicas={self.num_replicas}), got {rank}")
-        return self._plan()[:, rank].tolist()
-
-    def _plan(self) -> np.ndarray:
-        """This epoch's ``(len(self), num_replicas)`` matrix: ``[j, r]`` is rank r's j-th index.
-
-        Identical on every rank; cached for the current epoch.
+        Segment 0 plans all samples (the epoch's plan); a later one the samples not consumed
+        before it, with a generator that also depends on the segment number.
         """
-        if self._cached is None or self._cached[0] != self.epoch:
-            self._cached = (self.epoch, self._make_plan(self.epoch))
-        return self._cached[1]
-
-    def _make_plan(self, epoch: int) -> np.ndarray:
         c = self.complexities
-        n, width, total = len(c), self.num_replicas, self.total_size
+        members = segment.remaining()  # None: all of them
+        n = len(c) if members is None else len(members)
+        width = segment.num_replicas
+        steps = n // width if self.drop_last else math.ceil(n / width)
+        total = steps * width
         kept = min(n, total)
-        idx_dtype = np.int32 if n < 2**31 else np.int64
+        idx_dtype = np.int32 if len(c) < 2**31 else np.int64
         if self.shuffle:
-            rng = _epoch_rng(self.seed, epoch, _SAMPLER_STREAM)
+            rng = epoch_rng(self.seed, segment.epoch, SAMPLER_STREAM, segment.index)
             # A random permutation first: equal keys end up in random order, and with
             # drop_last the dropped samples are random ones.
             pool = rng.permutation(n).astype(idx_dtype, copy=False)[:kept]
+            if members is not None:
+                pool = members[pool].astype(idx_dtype, copy=False)
             keys = c[pool]
             if self.random_level > 0 and self._cmax > self._cmin:
                 keys += rng.random(kept) * (self.random_level * (self._cmax - self._cmin))
@@ -285,21 +264,24 @@ class LoadBalancingDistributedSampler(Sampler[int]):
             del pool, keys
         else:
             rng = None
-            order = np.argsort(self._sort_keys(c[:kept]), kind="stable").astype(idx_dtype, copy=False)
+            pool = slice(0, kept) if members is None else members[:kept]
+            order = np.argsort(self._sort_keys(c[pool]), kind="stable").astype(idx_dtype, copy=False)
+            if members is not None:
+                order = members[:kept][order].astype(idx_dtype, copy=False)
         if total > kept:  # fill the last group with repeats of its own members
             partial = kept % width
             tail = order[kept - partial:]
             order = np.concatenate([order, tail[np.arange(total - kept) % partial]])
-        groups = order.reshape(self.num_samples, width)
+        groups = order.reshape(steps, width)
         if rng is None:
             return groups
-        steps = groups[rng.permutation(self.num_samples)]
-        rotate = rng.integers(0, width, size=(self.num_samples, 1), dtype=idx_dtype)
+        shuffled = groups[rng.permutation(steps)]
+        rotate = rng.integers(0, width, size=(steps, 1), dtype=idx_dtype)
         member = (np.arange(width, dtype=idx_dtype) + rotate) % width
-        return np.take_along_axis(steps, member, axis=1)
+        return np.take_along_axis(shuffled, member, axis=1)
 
 
-class LoadBalancingDistributedBatchSampler(Sampler[list[int]]):
+class LoadBalancingDistributedBatchSampler(ResumableSampler[list[int]]):
     """Batches of a ``LoadBalancingDistributedSampler``'s indices; equal batch counts on every rank.
 
     Two ways to form batches (give exactly one):
@@ -320,6 +302,13 @@ class LoadBalancingDistributedBatchSampler(Sampler[list[int]]):
 
     Call ``set_epoch`` (it sets the sampler's epoch) before each epoch.
 
+    ``state_dict()``/``load_state_dict()`` save and resume the epoch's progress in batches per
+    rank (save this object's state, not its sampler's). At another world size the samples that
+    no rank's consumed batches held are planned again, by the sampler's method and this
+    batching. Use ``ResumableDataLoader`` when the loader has worker processes (it counts the
+    batches the loop received; alone, this sampler counts what it yielded, which prefetching
+    makes more).
+
     Args:
         sampler: the ``LoadBalancingDistributedSampler`` whose indices to batch.
         batch_fn: a function from a list of indices to a list of batches (lists of indices).
@@ -333,6 +322,8 @@ class LoadBalancingDistributedBatchSampler(Sampler[list[int]]):
         >>> list(LoadBalancingDistributedBatchSampler(s, max_complexity=4))
         [[0, 2], [4]]
     """
+
+    _state_kind = "LoadBalancingDistributedBatchSampler"
 
     def __init__(
         self,
@@ -362,35 +353,51 @@ class LoadBalancingDistributedBatchSampler(Sampler[list[int]]):
         self.drop_last = bool(drop_last)
         self.num_replicas = sampler.num_replicas
         self.rank = sampler.rank
-        self._layout: Optional[tuple[int, np.ndarray, Any]] = None
+        self._layout: Optional[tuple[Segment, np.ndarray, Any]] = None
+
+    @property
+    def epoch(self) -> int:
+        """The sampler's epoch."""
+        return self.sampler.epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch of the underlying sampler."""
         self.sampler.set_epoch(epoch)
-
-    def __iter__(self) -> Iterator[list[int]]:
-        return iter(self.batches_for_rank(self.rank))
+        self._keep_resume_if(self.sampler.epoch)
 
     def __len__(self) -> int:
+        """Batches per rank in a whole epoch (also while a resumed, shorter pass is pending)."""
         return len(self.batches_for_rank(self.rank))
 
     def batches_for_rank(self, rank: int) -> list[list[int]]:
-        """The batches rank ``rank`` yields this epoch (computed locally, no communication)."""
-        rank = _check_int("rank", rank)
+        """The batches rank ``rank`` yields in a whole pass of this epoch (computed locally, no communication)."""
+        rank = check_int("rank", rank)
         if not 0 <= rank < self.num_replicas:
             raise ValueError(f"rank must be in [0, num_replicas={self.num_replicas}), got {rank}")
-        epoch = self.sampler.epoch
-        if self._layout is None or self._layout[0] != epoch:
-            plan = self.sampler._plan()
-            layout = self._budget_layout(plan) if self.max_complexity is not None else self._fn_layout(plan)
-            self._layout = (epoch, plan, layout)
-        _, plan, layout = self._layout
+        return self._rank_batches(Segment(self.epoch, 0, self.num_replicas), rank)
+
+    def _identity(self) -> tuple[int, int, dict[str, Any]]:
+        n, seed, config = self.sampler._identity()
+        return n, seed, {**config, "batch_drop_last": self.drop_last, "max_complexity": self.max_complexity}
+
+    def _segment_layout(self, segment: Segment) -> tuple[np.ndarray, Any]:
+        """The sampler's plan of ``segment`` and its batch layout (cached for the segment)."""
+        if self._layout is None or not segment.same_as(self._layout[0]):
+            plan = self.sampler._segment_plan(segment)
+            if self.max_complexity is not None:
+                layout = self._budget_layout(plan, segment)
+            else:
+                layout = self._fn_layout(plan)
+            self._layout = (segment, plan, layout)
+        return self._layout[1], self._layout[2]
+
+    def _rank_batches(self, segment: Segment, rank: int) -> list[list[int]]:
+        plan, layout = self._segment_layout(segment)
         if self.max_complexity is not None:
             rows, bounds = layout
             col = plan[rows, rank].tolist()
             return [col[bounds[i]:bounds[i + 1]] for i in range(len(bounds) - 1)]
-        counts = [len(b) for b in layout]
-        target = min(counts) if self.drop_last else max(counts)
+        target = self._fn_target(layout)
         own = layout[rank]
         if len(own) < target:
             if not own:
@@ -401,7 +408,29 @@ class LoadBalancingDistributedBatchSampler(Sampler[list[int]]):
             own = own + [own[i % len(own)] for i in range(target - len(own))]
         return own[:target]
 
-    def _budget_layout(self, plan: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    def _fn_target(self, layout: list[list[list[int]]]) -> int:
+        """The batch count of every rank under ``batch_fn``: the fewest with drop_last, else the most."""
+        counts = [len(b) for b in layout]
+        return min(counts) if self.drop_last else max(counts)
+
+    def _segment_length(self, segment: Segment) -> int:
+        _, layout = self._segment_layout(segment)
+        if self.max_complexity is not None:
+            return len(layout[1]) - 1
+        return self._fn_target(layout)
+
+    def _consumed_in(self, segment: Segment, position: int) -> np.ndarray:
+        plan, layout = self._segment_layout(segment)
+        if self.max_complexity is not None:
+            rows, bounds = layout
+            return plan[rows[:bounds[position]]].ravel()
+        batches = [b for r in range(segment.num_replicas) for b in self._rank_batches(segment, r)[:position]]
+        return np.fromiter((i for b in batches for i in b), dtype=np.int64)
+
+    def _units(self, segment: Segment, start: int) -> Iterable[list[int]]:
+        return self._rank_batches(segment, self.rank)[start:]
+
+    def _budget_layout(self, plan: np.ndarray, segment: Segment) -> tuple[np.ndarray, list[int]]:
         """Rows of ``plan`` in batch order, and the batch boundaries in that array (all ranks)."""
         budget = self.max_complexity
         num_groups = plan.shape[0]
@@ -452,15 +481,16 @@ class LoadBalancingDistributedBatchSampler(Sampler[list[int]]):
         bounds.append(num_groups)
         if not self.sampler.shuffle:
             return rows, bounds
-        order = _epoch_rng(self.sampler.seed, self.sampler.epoch, _BATCH_STREAM).permutation(len(bounds) - 1)
-        segments = [rows[bounds[i]:bounds[i + 1]] for i in order.tolist()]
-        new_bounds = np.concatenate([[0], np.cumsum([len(seg) for seg in segments])]).tolist()
-        return np.concatenate(segments), new_bounds
+        rng = epoch_rng(self.sampler.seed, segment.epoch, BATCH_STREAM, segment.index)
+        order = rng.permutation(len(bounds) - 1)
+        runs = [rows[bounds[i]:bounds[i + 1]] for i in order.tolist()]
+        new_bounds = np.concatenate([[0], np.cumsum([len(run) for run in runs])]).tolist()
+        return np.concatenate(runs), new_bounds
 
     def _fn_layout(self, plan: np.ndarray) -> list[list[list[int]]]:
         """``batch_fn``'s batches for every rank (before padding or truncating)."""
         out = []
-        for r in range(self.num_replicas):
+        for r in range(plan.shape[1]):
             result = self.batch_fn(plan[:, r].tolist())
             try:
                 out.append([list(b) for b in result])
