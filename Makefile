@@ -42,7 +42,7 @@ demo: $(VENV)/.installed-examples
 	$(PY) examples/train_digits.py --algorithm $(ALGORITHM)
 
 test: system-deps $(VENV)/.installed-test
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=15 $(PYTEST_ARGS)
 
 bench-comm: $(VENV)/.installed-bench
 	$(PY) benchmarks/comm.py
