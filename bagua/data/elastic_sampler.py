@@ -25,7 +25,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from .epoch_progress import SAMPLER_STREAM, ResumableIndexSampler, Segment, check_int, epoch_rng, replicas_and_rank
+from .epoch_progress import SAMPLER_STREAM, ResumableIndexSampler, Segment, check_int, dataset_length, epoch_rng, replicas_and_rank
 
 __all__ = ["ElasticDistributedSampler"]
 
@@ -76,12 +76,7 @@ class ElasticDistributedSampler(ResumableIndexSampler):
         drop_last: bool = False,
     ) -> None:
         num_replicas, rank = replicas_and_rank(num_replicas, rank)
-        try:
-            n = len(dataset)
-        except TypeError as e:
-            raise ValueError(
-                f"dataset must have a length (a map-style dataset), got {type(dataset).__name__}"
-            ) from e
+        n = dataset_length(dataset)
         self.dataset = dataset
         self.num_replicas = num_replicas
         self.rank = rank

@@ -55,6 +55,14 @@ def check_int(name: str, value: Any, minimum: Optional[int] = None) -> int:
     return value
 
 
+def dataset_length(dataset: Any) -> int:
+    """``len(dataset)``, or a ValueError saying a sampler needs a map-style dataset."""
+    try:
+        return len(dataset)
+    except TypeError as e:
+        raise ValueError(f"dataset must have a length (a map-style dataset), got {type(dataset).__name__}") from e
+
+
 def replicas_and_rank(num_replicas: Optional[int], rank: Optional[int]) -> tuple[int, int]:
     """Checked ``(num_replicas, rank)``; ``None`` means the process group's world size / rank."""
     num_replicas = check_int("num_replicas", get_world_size() if num_replicas is None else num_replicas, minimum=1)

@@ -39,8 +39,8 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 import numpy as np
 
 from .epoch_progress import (
-    BATCH_STREAM, SAMPLER_STREAM, ResumableIndexSampler, ResumableSampler, Segment, check_int, epoch_rng,
-    replicas_and_rank,
+    BATCH_STREAM, SAMPLER_STREAM, ResumableIndexSampler, ResumableSampler, Segment, check_int, dataset_length,
+    epoch_rng, replicas_and_rank,
 )
 
 logger = logging.getLogger(__name__)
@@ -147,12 +147,7 @@ class LoadBalancingDistributedSampler(ResumableIndexSampler):
                 f"give exactly one of complexity_fn (called on each sample) or complexities "
                 f"(one number per index); got {given}"
             )
-        try:
-            n = len(dataset)
-        except TypeError as e:
-            raise ValueError(
-                f"dataset must have a length (a map-style dataset), got {type(dataset).__name__}"
-            ) from e
+        n = dataset_length(dataset)
 
         if complexities is not None:
             values = self._from_sequence(complexities, n)
