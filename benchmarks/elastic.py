@@ -10,6 +10,11 @@ Parts:
   alternate, ``--trials`` each. Recovery time: from the kill (the killed rank writes the time
   first) to the end of the first allreduce of the restarted attempt (rank 0), median over the
   successful trials.
+- c10d: two torchrun agents on this machine (``--nnodes 1:2 --rdzv-backend c10d``, last call
+  1 s, keep-alive 1 s x 3) train examples/elastic_digits.py; one agent is killed and later
+  started again (``run_c10d_scale``). Recovery: from the kill to the first step at world size 1,
+  and from the joining agent's launch to the first step at world size 2; median over
+  ``--c10d-trials``.
 - checkpoint: a 2-rank torchrun job trains the 10M-parameter MLP of benchmarks/ddp.py
   (1024-1664x4-10, SGD with momentum, batch 64 per rank, gradient_allreduce) and times
   ``bagua.checkpoint.save_checkpoint`` against the step time; reported as the share of step
@@ -20,7 +25,7 @@ time at the chosen interval.
 
 Usage::
 
-    python benchmarks/elastic.py                      # both parts (~5 min)
+    python benchmarks/elastic.py                      # every part (~8 min)
     python benchmarks/elastic.py --parts restarts --trials 5
 """
 
@@ -113,6 +118,143 @@ def _kill_matching(text: str) -> None:
             pass
 
 
+C10D_CONF = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
+EXAMPLE = HERE.parent / "examples" / "elastic_digits.py"
+
+
+def trained_samples(sample_dir: Path) -> dict[int, list[int]]:
+    """Per epoch, the samples of every step that counts, from ``elastic_digits.py --sample-log``:
+    a step repeated after a restart counts in the latest attempt only."""
+    by_step: dict[int, dict] = {}
+    for record in sample_records(sample_dir):
+        kept = by_step.get(record["step"])
+        if kept is None or record["attempt"] > kept["attempt"]:
+            by_step[record["step"]] = kept = {"attempt": record["attempt"], "epoch": record["epoch"], "ranks": {}}
+        if kept["attempt"] == record["attempt"]:
+            kept["ranks"][record["rank"]] = record["samples"]
+    epochs: dict[int, list[int]] = {}
+    for step in sorted(by_step):
+        for samples in by_step[step]["ranks"].values():
+            epochs.setdefault(by_step[step]["epoch"], []).extend(samples)
+    return epochs
+
+
+def sample_records(sample_dir: Path) -> list[dict]:
+    records = []
+    for path in Path(sample_dir).glob("*.jsonl"):
+        lines = path.read_text().splitlines()
+        # a worker killed mid-write may leave a partial last line
+        records += [json.loads(line) for line in lines if line.endswith("}")]
+    return records
+
+
+def run_c10d_scale(workdir: Path, epochs: int = 40, timeout: float = 120.0) -> dict:
+    """Two torchrun agents on this machine (``--nnodes 1:2 --rdzv-backend c10d``, one worker each)
+    train examples/elastic_digits.py; agent B is killed (SIGKILL, with its worker) once the job
+    trains at world size 2, and started again once it has trained and checkpointed at world size 1.
+
+    Returns the worlds of the attempts in order, the recovery times (kill -> first step at world
+    size 1; the joining agent's launch -> first step at world size 2), and the samples per epoch
+    (``trained_samples``). Raises RuntimeError naming the phase that did not happen in time.
+    """
+    port = _free_port()
+    samples, started = Path(workdir, "samples"), time.monotonic()
+
+    def agent(is_host: int, name: str) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:2", "--nproc-per-node", "1",
+               "--max-restarts", "5", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+               "--rdzv-id", "scale", "--rdzv-conf", f"{C10D_CONF},is_host={is_host}", str(EXAMPLE),
+               "--epochs", str(epochs), "--checkpoint-every", "10", "--checkpoint-dir", str(Path(workdir, "ckpt")),
+               "--sample-log", str(samples)]
+        # A joining node hangs ~60 s without TORCH_DISABLE_SHARE_RDZV_TCP_STORE (README, Elastic training)
+        env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": "1"}
+        sink = open(Path(workdir, f"{name}.log"), "a")
+        return subprocess.Popen(cmd, cwd=HERE.parent, env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+    def wait_for(what: str, condition) -> list[dict]:
+        while time.monotonic() - started < timeout:
+            records = sample_records(samples) if samples.exists() else []
+            if condition(records):
+                return records
+            time.sleep(0.2)
+        for proc in agents:
+            _kill_tree(proc.pid)
+        logs = "\n".join(f"--- {p.name}\n" + p.read_text()[-3000:] for p in sorted(Path(workdir).glob("*.log")))
+        raise RuntimeError(f"c10d scale test: {what} did not happen within {timeout:.0f} s\n{logs}")
+
+    def steps_at(world: int, after: float, records: list[dict]) -> list[int]:
+        return sorted(r["step"] for r in records if r["world"] == world and r["time"] > after)
+
+    agents = [agent(1, "agent-a"), agent(0, "agent-b")]
+    # killed in epoch 1 (30 steps per epoch), past the checkpoint of step 40
+    wait_for("training at world size 2", lambda rs: max(steps_at(2, 0, rs), default=0) >= 45)
+    killed = time.time()
+    _kill_tree(agents[1].pid)
+    agents[1].wait()
+    records = wait_for("training at world size 1, past a checkpoint", lambda rs: len(steps_at(1, killed, rs)) >= 12)
+    resumed_down = min(r["time"] for r in records if r["world"] == 1 and r["time"] > killed)
+    joined = time.time()
+    agents.append(agent(0, "agent-b"))
+    records = wait_for("training at world size 2 again", lambda rs: steps_at(2, joined, rs))
+    resumed_up = min(r["time"] for r in records if r["world"] == 2 and r["time"] > joined)
+    wait_for("the end of training", lambda rs: all(p.poll() is not None for p in (agents[0], agents[2])))
+    worlds = {}
+    for r in sorted(sample_records(samples), key=lambda r: r["attempt"]):
+        worlds.setdefault(r["attempt"], r["world"])
+    return {
+        "exit_codes": [agents[0].returncode, agents[2].returncode],
+        "worlds": list(worlds.values()),
+        "recovery_down_s": resumed_down - killed,
+        "recovery_up_s": resumed_up - joined,
+        "epochs": trained_samples(samples),
+    }
+
+
+def run_c10d_trials(trials: int) -> dict:
+    down, up, failures = [], [], []
+    for trial in range(trials):
+        with tempfile.TemporaryDirectory() as workdir:
+            try:
+                result = run_c10d_scale(Path(workdir))
+            except RuntimeError as e:
+                failures.append(str(e).splitlines()[0])
+                print(f"c10d trial {trial + 1}: FAILED ({failures[-1]})", flush=True)
+                continue
+        down.append(result["recovery_down_s"])
+        up.append(result["recovery_up_s"])
+        print(f"c10d trial {trial + 1}: worlds {result['worlds']}, exit codes {result['exit_codes']}, "
+              f"down {down[-1]:.2f} s, up {up[-1]:.2f} s", flush=True)
+    return {"trials": trials, "ok": len(down), "failures": failures, "recovery_down_s": down, "recovery_up_s": up,
+            "median_down_s": statistics.median(down) if down else None,
+            "median_up_s": statistics.median(up) if up else None}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a torchrun agent and its workers (which torchrun starts in sessions of their own)."""
+    children = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path("/proc", entry, "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            children.append(int(entry))
+    for victim in children + [pid]:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def checkpoint_worker(args: argparse.Namespace) -> int:
     """One rank of the checkpoint-cost job (``--worker checkpoint``, under torchrun)."""
     import torch
@@ -165,8 +307,10 @@ def run_checkpoint(interval: int) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--parts", nargs="+", choices=["restarts", "checkpoint"], default=["restarts", "checkpoint"])
+    p.add_argument("--parts", nargs="+", choices=["restarts", "c10d", "checkpoint"],
+                   default=["restarts", "c10d", "checkpoint"])
     p.add_argument("--trials", type=int, default=20)
+    p.add_argument("--c10d-trials", type=int, default=3)
     p.add_argument("--interval", type=int, default=100, help="steps between checkpoints (checkpoint part)")
     p.add_argument("--worker", choices=["restart", "checkpoint"], help=argparse.SUPPRESS)
     p.add_argument("--launcher", choices=["bagua", "torch"], help=argparse.SUPPRESS)
@@ -180,6 +324,8 @@ def main(argv=None) -> int:
     report = {"date": time.strftime("%Y-%m-%d %H:%M")}
     if "restarts" in args.parts:
         report["restarts"] = run_restarts(args.trials)
+    if "c10d" in args.parts:
+        report["c10d"] = run_c10d_trials(args.c10d_trials)
     if "checkpoint" in args.parts:
         report["checkpoint"] = run_checkpoint(args.interval)
     print(json.dumps(report, indent=1, default=str))

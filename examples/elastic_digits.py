@@ -136,14 +136,14 @@ def _save(args: argparse.Namespace, step: int, checkpoint: dict) -> None:
 
 
 def _sample_log(directory, rank: int):
-    """A function appending one JSON line per step to ``directory`` (nothing without one); the
-    attempt is rank 0's start time, the same on every rank of this attempt."""
+    """A function appending one JSON line per step to ``directory`` (nothing without one): the
+    record, the wall-clock time, and the attempt (rank 0's start time, the same on every rank)."""
     if directory is None:  # the same on every rank: all of them skip the gather below
         return lambda **record: None
     attempt = bagua.comm.allgather_object(time.time_ns())[0]
     os.makedirs(directory, exist_ok=True)
     out = open(os.path.join(directory, f"{attempt}-rank{rank}.jsonl"), "a", buffering=1)
-    return lambda **record: out.write(json.dumps({"attempt": attempt, "rank": rank, **record}) + "\n")
+    return lambda **record: out.write(json.dumps({"attempt": attempt, "rank": rank, "time": time.time(), **record}) + "\n")
 
 
 if __name__ == "__main__":

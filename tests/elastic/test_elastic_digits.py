@@ -7,14 +7,14 @@ checkpoint), and each epoch, gathered from every rank and attempt, trains on eve
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
 import torch
+
+from benchmarks.elastic import trained_samples
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "elastic_digits.py"
@@ -40,33 +40,16 @@ def _final_weights(tmp: Path) -> dict:
     return torch.load(last, weights_only=False)["model"]
 
 
-def _trained_samples(tmp: Path) -> dict[int, list[int]]:
-    """Per epoch, the samples of every step that counts: a step repeated after a restart counts
-    in the latest attempt only."""
-    by_step: dict[int, dict] = {}
-    for path in (tmp / "samples").glob("*.jsonl"):
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            kept = by_step.get(record["step"])
-            if kept is None or record["attempt"] > kept["attempt"]:
-                by_step[record["step"]] = {"attempt": record["attempt"], "epoch": record["epoch"], "ranks": {}}
-            if by_step[record["step"]]["attempt"] == record["attempt"]:
-                by_step[record["step"]]["ranks"][record["rank"]] = record["samples"]
-    epochs = defaultdict(list)
-    for step in sorted(by_step):
-        for samples in by_step[step]["ranks"].values():
-            epochs[by_step[step]["epoch"]] += samples
-    return epochs
-
-
-def test_a_worker_killed_mid_epoch_resumes_exactly(tmp_path):
-    killed, output = _run(tmp_path / "killed", "--fail-at-step", "45")  # epoch 1, 5 steps after a checkpoint
+@pytest.mark.parametrize("algorithm", ["gradient_allreduce", "bytegrad", "qadam"])
+def test_a_worker_killed_mid_epoch_resumes_exactly(tmp_path, algorithm):
+    # killed in epoch 1, 5 steps after a checkpoint (qadam: in its 50-step warm-up, resumed across its end)
+    killed, output = _run(tmp_path / "killed", "--algorithm", algorithm, "--fail-at-step", "45")
     assert "failing on purpose after step 45" in output and "resumed from" in output, output[-4000:]
-    reference, _ = _run(tmp_path / "reference")
+    reference, _ = _run(tmp_path / "reference", "--algorithm", algorithm)
     expected, got = _final_weights(reference), _final_weights(killed)
     assert all(torch.equal(expected[k], got[k]) for k in expected)
-    for epoch, samples in _trained_samples(killed).items():
+    for epoch, samples in trained_samples(killed / "samples").items():
         # torch's padding: 1437 samples on 2 ranks, one sample repeated to even them out
         assert sorted(set(samples)) == list(range(TRAIN_SAMPLES)), epoch
         assert len(samples) == TRAIN_SAMPLES + 1, epoch
-    assert sorted(_trained_samples(killed)) == list(range(EPOCHS))
+    assert sorted(trained_samples(killed / "samples")) == list(range(EPOCHS))
