@@ -64,8 +64,9 @@ def save_checkpoint(
     """Write a checkpoint of training after ``step`` steps (every rank calls it).
 
     Args:
-        model: a ``bagua.DistributedDataParallel`` (its step and algorithm state are saved too)
-            or a bare module; the weights are saved with the module's own keys.
+        model: a ``bagua.DistributedDataParallel`` or the module it wraps (its step and
+            algorithm state are saved too either way), or a bare module; the weights are saved
+            with the module's own keys.
         optimizers, lr_schedulers: saved with their ``state_dict()`` (fused optimizers too).
         sampler: anything with ``state_dict()`` (bagua's samplers: the epoch's progress).
         extra: anything ``torch.save`` can write, returned by ``load_checkpoint(..., extra=...)``.
@@ -112,9 +113,11 @@ def load_checkpoint(
     lr_schedulers: Sequence[Any] = (),
     sampler: Any = None,
     extra: Optional[dict] = None,
+    strict: bool = True,
 ) -> int:
     """Restore what ``save_checkpoint`` wrote into the given objects; return its step (every
-    rank calls it). ``extra``, if a dict, receives the saved extra under ``"extra"``.
+    rank calls it). ``extra``, if a dict, receives the saved extra under ``"extra"``; ``strict``
+    is ``module.load_state_dict``'s.
 
     Loaded into a bare module before wrapping, the algorithm state is not restored (there is
     no wrapper yet): load after wrapping to resume a schedule or warm-up exactly. At another
@@ -137,7 +140,7 @@ def load_checkpoint(
             f"{path} holds {len(replica['optimizers'])} optimizer(s) and {len(main['lr_schedulers'])} LR "
             f"scheduler(s); pass the same number (got {len(optimizers)} and {len(lr_schedulers)})"
         )
-    module.load_state_dict(replica["model"])
+    module.load_state_dict(replica["model"], strict=strict)
     for opt, state in zip(optimizers, replica["optimizers"]):
         opt.load_state_dict(state)
     for scheduler, state in zip(lr_schedulers, main["lr_schedulers"]):
@@ -211,7 +214,8 @@ def _unwrap(model: torch.nn.Module) -> tuple[Optional[DistributedDataParallel], 
         return None, model.module
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module or a bagua.DistributedDataParallel, got {type(model).__name__}")
-    return None, model
+    wrapper = getattr(model, "_bagua_wrapper", lambda: None)()  # a wrapped module: its wrapper's state too
+    return (wrapper if wrapper is not None and not wrapper._closed else None), model
 
 
 def _replica(module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer],

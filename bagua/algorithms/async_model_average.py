@@ -350,19 +350,24 @@ class AsyncModelAverageAlgorithm(Algorithm):
         return AsyncModelAverageImpl(process_group, self.sync_interval_ms, self.warmup_steps)
 
     @staticmethod
-    def _impl(model) -> AsyncModelAverageImpl:
-        impl = getattr(model, "impl", None)
-        if not isinstance(impl, AsyncModelAverageImpl):
-            raise TypeError("abort()/resume() take the bagua.DistributedDataParallel model wrapped with this algorithm")
-        return impl
+    def _wrapper(model):
+        """The wrapper ``model``, or the wrapper of the module ``model`` (the original Bagua passed
+        the module that ``with_bagua`` returned)."""
+        link = getattr(model, "_bagua_wrapper", None)
+        wrapper = link() if callable(link) else model
+        if not isinstance(getattr(wrapper, "impl", None), AsyncModelAverageImpl):
+            raise TypeError("abort()/resume() take the bagua.DistributedDataParallel model wrapped with this "
+                            "algorithm (or the module it wraps)")
+        return wrapper
 
     def abort(self, model) -> None:
         """Stop the averaging loop on every rank (call it on every rank), then bring all ranks to
         identical weights (and the first rank's buffers). Training may go on afterwards,
         unsynchronized until ``resume``."""
-        self._impl(model).stop_and_synchronize()
-        model.sync_buffers()
+        wrapper = self._wrapper(model)
+        wrapper.impl.stop_and_synchronize()
+        wrapper.sync_buffers()
 
     def resume(self, model) -> None:
         """Restart the averaging loop after ``abort`` (call it on every rank)."""
-        self._impl(model).start()
+        self._wrapper(model).impl.start()

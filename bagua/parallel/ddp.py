@@ -37,7 +37,7 @@ from ..optim.fused import gradient_home
 from . import comm_hook, join as _join
 from .state_sync import BufferBroadcast, broadcast_tensors, check_same_model, sync_optimizer_states
 from .torch_options import DEFAULT_BUCKET_SIZE_BYTES, TorchOptions, resolve_process_group, torch_options
-from .wrapping import WrapperLink, check_module, checked_optimizers
+from .wrapping import WrapperLink, check_module, checked_optimizers, ignored_names
 
 __all__ = ["DEFAULT_BUCKET_SIZE_BYTES", "DistributedDataParallel", "with_bagua"]
 
@@ -92,7 +92,10 @@ class DistributedDataParallel(torch.nn.Module):
                 "bagua.DistributedDataParallel needs a process group: call bagua.init_process_group() first"
             )
         self.module = module
-        self.named_trainable_parameters = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self.ignored = ignored_names(module)
+        self.named_trainable_parameters = [
+            (n, p) for n, p in module.named_parameters() if p.requires_grad and n not in self.ignored
+        ]
         if not self.named_trainable_parameters:
             raise RuntimeError(
                 "bagua.DistributedDataParallel is not needed when a module doesn't have any parameter "
@@ -115,7 +118,7 @@ class DistributedDataParallel(torch.nn.Module):
 
         check_same_model(module, self.comm_group)
         if init_sync:
-            tensors = list(module.parameters()) + (list(module.buffers()) if options.init_sync_buffers else [])
+            tensors = self._synced_parameters() + (self.synced_buffers() if options.init_sync_buffers else [])
             broadcast_tensors(tensors, self.comm_group, self._src)
             sync_optimizer_states(self.optimizers, self.comm_group, self._src)
 
@@ -127,8 +130,8 @@ class DistributedDataParallel(torch.nn.Module):
             )
         self._gradient_slots: dict[str, torch.Tensor] = {}
         self._build_buckets(options.bucket_size_bytes)
-        has_buffers = next(module.buffers(), None) is not None  # torch DDP too looks once, at wrap time
-        self._buffer_broadcast = BufferBroadcast(module, self.comm_group) if self.broadcast_buffers and has_buffers else None
+        has_buffers = bool(self.synced_buffers())  # torch DDP too looks once, at wrap time
+        self._buffer_broadcast = BufferBroadcast(self.synced_buffers, self.comm_group) if self.broadcast_buffers and has_buffers else None
 
         self._require_sync = True   # False inside no_sync()
         self._sync_backward = False  # whether the running backward communicates (set by forward)
@@ -139,6 +142,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._join: Optional[_join.JoinState] = None
         self._comm_hook: Optional[Callable] = None
         self._closed = False
+        self._in_forward = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_grad_hook(n)) for n, p in self.named_trainable_parameters]
         for opt in self.optimizers:
             self._hooks.append(opt.register_step_pre_hook(self._step_pre_hook))
@@ -200,15 +204,53 @@ class DistributedDataParallel(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self.options.device is not None:
             args, kwargs = _to_device((args, kwargs), self.options.device)
+        stepping = self._forward_begins()
+        self._in_forward = True  # the module's own hooks (attach_to_module) stand aside
+        try:
+            output = self.module(*args, **kwargs)
+        finally:
+            self._in_forward = False
+        return self._forward_ends(output) if stepping else output
+
+    def _forward_begins(self) -> bool:
+        """Begin a training step if this forward is one; whether it is."""
         if not (self.module.training and torch.is_grad_enabled()):
-            return self.module(*args, **kwargs)  # evaluation: the module only, no step, no traffic
+            return False  # evaluation: the module only, no step, no traffic
         if not self._require_sync:
             self._sync_backward = False  # inside no_sync(): backward accumulates locally
-            return self.module(*args, **kwargs)
+            return False
         self._begin_step()
-        output = self.module(*args, **kwargs)
+        return True
+
+    def _forward_ends(self, output: Any) -> Any:
         self._start_buffer_broadcast()  # overlaps with backward
         return self._watch_backward_start(output)
+
+    def attach_to_module(self) -> None:
+        """Make a call of the wrapped module itself (``model(x)``) train exactly as a call of this
+        wrapper does, as the original Bagua's ``model.with_bagua(...)`` did (it returned the
+        module). ``close()`` detaches. The wrapper's ``device_ids`` move of inputs applies to
+        calls of the wrapper only.
+
+        Example::
+
+            ddp = bagua.DistributedDataParallel(model, [opt])
+            ddp.attach_to_module()
+            model(x).sum().backward()      # gradients averaged, as ddp(x) would
+        """
+        state = {"stepping": False}
+
+        def before(module, args):
+            if not self._in_forward:
+                state["stepping"] = self._forward_begins()
+
+        def after(module, args, output):
+            if not self._in_forward and state["stepping"]:
+                state["stepping"] = False
+                return self._forward_ends(output)
+            return None
+
+        self._hooks += [self.module.register_forward_pre_hook(before), self.module.register_forward_hook(after)]
 
     def _start_buffer_broadcast(self) -> None:
         if self._buffer_broadcast is not None and not self._buffers_sent and self.impl.broadcasts_buffers(self):
@@ -404,7 +446,14 @@ class DistributedDataParallel(torch.nn.Module):
     def sync_buffers(self) -> None:
         """Make every rank's buffers the first rank's now (every rank calls it), e.g. after
         training with an algorithm whose ranks do not wait for each other."""
-        broadcast_tensors(list(self.module.buffers()), self.comm_group, self._src)
+        broadcast_tensors(self.synced_buffers(), self.comm_group, self._src)
+
+    def _synced_parameters(self) -> list[torch.Tensor]:
+        return [p for n, p in self.module.named_parameters() if n not in self.ignored]
+
+    def synced_buffers(self) -> list[torch.Tensor]:
+        """The module's buffers that ranks share (all but the ignored ones, see ``ignored_names``)."""
+        return [b for n, b in self.module.named_buffers() if n not in self.ignored]
 
     def reset(self) -> None:
         """Abandon a step whose backward raised (a skipped out-of-memory batch): wait for the

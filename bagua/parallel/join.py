@@ -81,8 +81,7 @@ class JoinState:
         while any(self._round(False)):
             self.ddp._shadow_step()
         last = next(r for r, a in zip(self.group.ranks, self.previous) if a)
-        module = self.ddp.module
-        broadcast_tensors(list(module.parameters()) + list(module.buffers()), self.group, last)
+        broadcast_tensors(self.ddp._synced_parameters() + self.ddp.synced_buffers(), self.group, last)
         sync_optimizer_states(self.ddp.optimizers, self.group, last)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ast
 import zlib
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -116,8 +116,8 @@ class BufferBroadcast:
     what arrived into the live buffers (elsewhere) once backward is over. Backward never sees a
     buffer change under it."""
 
-    def __init__(self, module: torch.nn.Module, group: BaguaProcessGroup):
-        self.module = module
+    def __init__(self, buffers: Callable[[], list[torch.Tensor]], group: BaguaProcessGroup):
+        self.buffers = buffers  # the buffers to send, looked up at each broadcast (a module may replace one)
         self.ranks = list(group.ranks)
         self.group: BaguaProcessGroup | None = None  # made at the first broadcast, on every rank
         self._pending: list[tuple[comm.Handle, torch.Tensor, list[torch.Tensor]]] = []
@@ -130,7 +130,7 @@ class BufferBroadcast:
             self.group = comm.new_group(self.ranks)
         self._receiving = comm.get_rank() != src
         with torch.no_grad(), trusted():  # every rank holds the same buffers: checked at wrap time
-            for same in _by_kind(self.module.buffers()):
+            for same in _by_kind(self.buffers()):
                 flat = _flatten(same)
                 self._pending.append((comm.broadcast(flat, src=src, group=self.group, async_op=True), flat, same))
 

@@ -66,6 +66,26 @@ def check_module(module: Any) -> None:
         )
 
 
+def ignored_names(module: torch.nn.Module) -> frozenset[str]:
+    """Parameter and buffer names the user excluded from communication: torch DDP's
+    ``module._ddp_params_and_buffers_to_ignore`` and the original Bagua's
+    ``module._bagua_params_and_buffers_to_ignore`` (whose names of the root module's own
+    tensors start with a dot, ``".weight"``), as ``module.named_parameters()`` names them.
+
+    Example::
+
+        model._ddp_params_and_buffers_to_ignore = ["embedding.weight"]   # trained locally
+        ignored_names(model)   # frozenset({'embedding.weight'})
+    """
+    names = []
+    for attribute in ("_ddp_params_and_buffers_to_ignore", "_bagua_params_and_buffers_to_ignore"):
+        listed = getattr(module, attribute, ())
+        if isinstance(listed, str) or not all(isinstance(name, str) for name in listed):
+            raise TypeError(f"module.{attribute} must be a list of parameter/buffer names, got {listed!r}")
+        names += [name[1:] if name.startswith(".") else name for name in listed]
+    return frozenset(names)
+
+
 def checked_optimizers(optimizers: Iterable[Any], params: Iterable[torch.Tensor]) -> list[torch.optim.Optimizer]:
     """``optimizers`` as a list, each a torch optimizer holding some of ``params``."""
     mine = {id(p) for p in params}
