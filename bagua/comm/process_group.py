@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import hashlib
 import logging
 import os
 import socket
+import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -93,6 +95,8 @@ class _State:
 
 
 _state: Optional[_State] = None
+_groups_made: dict[tuple[int, ...], int] = {}  # new_group calls per set of ranks, for the groups' names
+_naming = threading.Lock()
 _teardown: list[Callable[[], None]] = []  # run before the exit handler destroys the groups
 _exit_handler_registered = False
 
@@ -149,6 +153,7 @@ def init_process_group(
     local_world_size: Optional[int] = None,
     master_addr: Optional[str] = None,
     master_port: Optional[int] = None,
+    store: Optional[dist.Store] = None,
 ) -> None:
     """Join the job described by torchrun's environment (or by the arguments) and build Bagua's groups.
 
@@ -166,19 +171,24 @@ def init_process_group(
     ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``); a launcher that knows it otherwise
     (Lightning's cluster environments) passes ``rank``, ``world_size``, ``local_rank``,
     ``local_world_size``, ``master_addr`` and ``master_port``, which take precedence. Without
-    either the process forms a world of one (rank 0). Calling it twice is an error.
+    either the process forms a world of one (rank 0). A ``store`` (a ``torch.distributed.Store``
+    every rank reaches) replaces the address: the ranks meet through it, and ``rank`` and
+    ``world_size`` must then be given. Calling it twice is an error.
 
     Example::
 
         bagua.init_process_group()                       # torchrun env, NCCL or Gloo
         bagua.init_process_group(backend="gloo", timeout=datetime.timedelta(seconds=30))
         bagua.init_process_group(rank=1, world_size=2, master_addr="10.0.0.1", master_port=29500)
+        bagua.init_process_group(rank=1, world_size=2, store=torch.distributed.FileStore("/shared/rdzv", 2))
     """
     global _state
     if _state is not None:
         raise RuntimeError("bagua.init_process_group() was already called in this process")
     if not isinstance(timeout, datetime.timedelta):
         raise TypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
+    if store is not None:
+        _check_store_arguments(store, rank, world_size, master_addr is not None or master_port is not None)
 
     world_size = _given_or_env("world_size", world_size, "WORLD_SIZE", 1)
     rank = _given_or_env("rank", rank, "RANK", 0 if world_size == 1 else None)
@@ -199,12 +209,12 @@ def init_process_group(
     # An address given as arguments goes to torch as a tcp:// URL (the environment is left
     # alone); otherwise torch reads MASTER_ADDR/MASTER_PORT itself (env://), as under torchrun.
     explicit_address = master_addr is not None or master_port is not None
-    if world_size == 1 and not explicit_address:
+    if store is None and world_size == 1 and not explicit_address:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
     master_addr = master_addr if master_addr is not None else os.environ.get("MASTER_ADDR")
     master_port = _given_or_env("master_port", master_port, "MASTER_PORT", 0)
-    if not master_addr or not master_port:
+    if store is None and (not master_addr or not master_port):
         name = "MASTER_ADDR" if not master_addr else "MASTER_PORT"
         raise ValueError(
             f"environment variable {name} is not set; launch with torchrun, set it, or pass "
@@ -219,7 +229,8 @@ def init_process_group(
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
     if not dist.is_initialized():
         _import_dynamo_first()
-        store = torchrun_attempt_store(master_addr, master_port, world_size, rank, timeout)
+        if store is None:
+            store = torchrun_attempt_store(master_addr, master_port, world_size, rank, timeout)
         if store is not None:
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         else:
@@ -254,6 +265,19 @@ def init_process_group(
         "bagua: rank %d/%d (local %d/%d, node %d/%d), backend %s",
         rank, world_size, local_rank, local_size, node, num_nodes, backend_name,
     )
+
+
+def _check_store_arguments(
+    store: object, rank: Optional[int], world_size: Optional[int], explicit_address: bool
+) -> None:
+    if not isinstance(store, dist.Store):
+        raise TypeError(
+            f"bagua.init_process_group: store must be a torch.distributed.Store, got {type(store).__name__}"
+        )
+    if rank is None or world_size is None:
+        raise ValueError("bagua.init_process_group: with store=, pass rank= and world_size= as well")
+    if explicit_address:
+        raise ValueError("bagua.init_process_group: pass either store= or master_addr=/master_port=, not both")
 
 
 def is_initialized() -> bool:
@@ -319,6 +343,7 @@ def destroy_process_group() -> None:
     if _state is None:
         return
     _state = None
+    _groups_made.clear()
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -376,8 +401,33 @@ def new_group(ranks: list[int]) -> BaguaProcessGroup:
         raise ValueError(f"ranks must be distinct global ranks in [0, {world}), got {ranks}")
     # Always a communicator of its own, even for all ranks: collectives on it never interleave
     # with those of other groups (a background thread may own it).
-    group = dist.new_group(ranks, use_local_synchronization=True)
+    with _naming:
+        key = tuple(sorted(ranks))
+        serial = _groups_made.get(key, 0)
+        _groups_made[key] = serial + 1
+        name = "bagua-" + hashlib.sha1(f"{key}/{serial}".encode()).hexdigest()
+        group = _new_torch_group(ranks, name)
     return BaguaProcessGroup(tuple(ranks), group, state.global_group.backend)
+
+
+def _new_torch_group(ranks: list[int], name: str) -> dist.ProcessGroup:
+    """``dist.new_group(ranks, use_local_synchronization=True)`` named ``name``.
+
+    torch names such a group after its ranks and the number of groups the calling process
+    already has; members that belong to different other groups (a torch subgroup of some
+    ranks, an earlier ``new_group`` of others) then count differently, meet under different
+    names and wait for each other forever. The name given here is the same on every member:
+    the ranks and how many groups of those ranks came before.
+    """
+    c10d = dist.distributed_c10d
+    torch_naming = getattr(c10d, "_hash_ranks_to_str", None)
+    if torch_naming is None:  # a torch without this hook names the group itself
+        return dist.new_group(ranks, use_local_synchronization=True)
+    c10d._hash_ranks_to_str = lambda _ranks: name
+    try:
+        return dist.new_group(ranks, use_local_synchronization=True)
+    finally:
+        c10d._hash_ranks_to_str = torch_naming
 
 
 def from_torch_group(group: "dist.ProcessGroup") -> BaguaProcessGroup:

@@ -115,3 +115,58 @@ def test_destroy_process_group_stops_gloo_threads_even_after_an_optimizer_was_bu
     for dynamo_before_init, gloo_threads in run_ranks(_gloo_threads_after_destroy, 2, init=False):
         assert not dynamo_before_init, "torch._dynamo was imported before init: this test checks nothing"
         assert gloo_threads == []
+
+
+def _init_through_a_store(rank: int, path: str) -> tuple:
+    import torch.distributed as dist
+
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        os.environ.pop(name)  # the store and the arguments alone must bring the ranks together
+    bagua.init_process_group(store=dist.FileStore(path, 2), rank=rank, world_size=2, local_world_size=1)
+    t = torch.full((2,), float(rank + 1))
+    bagua.comm.allreduce(t)
+    return t.tolist(), bagua.get_local_rank(), bagua.comm.get_inter_node_group().ranks
+
+
+def test_init_with_a_store_instead_of_an_address(tmp_path):
+    results = run_ranks(_init_through_a_store, 2, str(tmp_path / "rendezvous"), init=False)
+    assert results == [([3.0, 3.0], 0, (0, 1)), ([3.0, 3.0], 0, (0, 1))]
+
+
+def test_init_with_a_store_needs_rank_and_world_size_and_no_address(tmp_path):
+    import pytest
+    import torch.distributed as dist
+
+    store = dist.FileStore(str(tmp_path / "rendezvous"), 1)
+    with pytest.raises(ValueError, match="pass rank= and world_size="):
+        bagua.init_process_group(store=store, rank=0)
+    with pytest.raises(ValueError, match="either store= or master_addr="):
+        bagua.init_process_group(store=store, rank=0, world_size=1, master_port=29500)
+    with pytest.raises(TypeError, match="torch.distributed.Store"):
+        bagua.init_process_group(store="localhost:29500", rank=0, world_size=1)
+    assert not bagua.is_initialized()
+
+
+def _groups_after_uneven_memberships(rank: int) -> list:
+    import torch.distributed as dist
+
+    dist.new_group([0])  # a torch subgroup (every rank calls): rank 0 now has one group more
+    first = bagua.comm.new_group([0, 1]) if rank in (0, 1) else None
+    second = bagua.comm.new_group([2, 1]) if rank in (1, 2) else None  # rank 1 belongs to more groups than 2
+    again = bagua.comm.new_group([0, 1]) if rank in (0, 1) else None  # the same ranks: a group of its own
+    sums = []
+    for group in (first, second, again):
+        if group is not None:
+            t = torch.tensor([float(rank)])
+            bagua.comm.allreduce(t, group=group)
+            sums.append(t.item())
+    bagua.comm.barrier()  # rank 0 hosts the store: it stays until everyone is done with it
+    return sums
+
+
+def test_new_group_works_whatever_groups_its_members_belonged_to_before():
+    # torch's own name for a members-only group counts the groups each member already has: these
+    # members would meet under different names and hang
+    assert run_ranks(_groups_after_uneven_memberships, 3, timeout=60, comm_timeout_s=20) == [
+        [1.0, 1.0], [1.0, 3.0, 1.0], [3.0],
+    ]
