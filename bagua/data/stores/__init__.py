@@ -1,7 +1,8 @@
 """Cache stores behind one interface (get/set/mget/mset/num_keys/clear/close).
 
 ``LmdbStore`` is the embedded default; ``RedisStore`` uses Redis servers (given, or one
-local server per machine). ``create_store("lmdb", **kw)`` builds one by name.
+local server per machine; ``start_redis_server`` starts one on a TCP port).
+``create_store("lmdb", **kw)`` builds one by name.
 
 Example::
 
@@ -13,14 +14,14 @@ from __future__ import annotations
 
 from typing import Any, Union
 
-from ._local_redis import stop_local_server
+from ._local_redis import start_redis_server, stop_local_server
 from .lmdb_store import LmdbStore
 from .redis_store import RedisStore
 from .store import Store, StoreError, StorePathError, StoreUnavailableError, default_cache_dir
 
 __all__ = [
     "Store", "LmdbStore", "RedisStore", "StoreError", "StorePathError", "StoreUnavailableError",
-    "create_store", "default_cache_dir", "stop_local_server",
+    "create_store", "default_cache_dir", "start_redis_server", "stop_local_server",
 ]
 
 BACKENDS = {"lmdb": LmdbStore, "redis": RedisStore}

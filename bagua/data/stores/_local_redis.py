@@ -1,4 +1,5 @@
-"""One local ``redis-server`` per machine (per cache directory), shared by every process.
+"""One local ``redis-server`` per machine (per cache directory), shared by every process; and
+``start_redis_server`` for a server on a TCP port (for ``RedisStore(hosts=...)``).
 
 The server listens only on a Unix socket with mode 0700 in the cache directory (so only this
 user can reach it; no TCP port is opened), keeps everything in memory (no RDB or AOF files),
@@ -22,7 +23,7 @@ import subprocess
 import tempfile
 import time
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 from .store import StoreUnavailableError, default_cache_dir
 
@@ -98,48 +99,61 @@ def _live_users(state: str) -> list[str]:
     return alive
 
 
-def _ping(sock: str, timeout: float = 1.0) -> bool:
+def _client(timeout: float, **conn):
+    """A client that fails at once: redis-py's default retries (with backoff) would add seconds to
+    every probe of a server that is not up yet, and to every SHUTDOWN (the server hangs up)."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return redis.Redis(socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0), **conn)
+
+
+def _server_pid(timeout: float = 1.0, **conn) -> Optional[int]:
+    """The pid of the redis-server answering at ``conn`` (``unix_socket_path`` or host/port); 0 when
+    one answers but wants a password; None when none answers."""
     import redis
 
-    if not os.path.exists(sock):
-        return False
-    client = redis.Redis(unix_socket_path=sock, socket_timeout=timeout, socket_connect_timeout=timeout)
+    if "unix_socket_path" in conn and not os.path.exists(conn["unix_socket_path"]):
+        return None
+    client = _client(timeout, **conn)
     try:
-        return bool(client.ping())
+        return int(client.info("server")["process_id"])
+    except redis.exceptions.AuthenticationError:
+        return 0
+    except redis.exceptions.ResponseError as e:
+        return 0 if "NOAUTH" in str(e) else None
     except (redis.exceptions.RedisError, OSError):
-        return False
+        return None
     finally:
         client.close()
 
 
-def _spawn(state: str, sock: str, capacity_bytes: int) -> None:
+def _ping(sock: str, timeout: float = 1.0) -> bool:
+    return _server_pid(timeout, unix_socket_path=sock) is not None
+
+
+def _binary(what: str) -> str:
     binary = os.environ.get("BAGUA_REDIS_SERVER") or shutil.which("redis-server")
     if not binary or not os.access(binary, os.X_OK):
         raise StoreUnavailableError(
-            f"RedisStore(hosts=None) starts a local redis-server, but {binary or 'none on PATH'} is not "
-            "an executable. Install it "
+            f"{what} starts a redis-server, but {binary or 'none on PATH'} is not an executable. Install it "
             "(`apt-get install redis-server`, or `make system-deps`), set BAGUA_REDIS_SERVER to its "
             "path, or pass hosts=[{'host': ..., 'port': ...}] of running servers."
         )
-    try:
-        os.unlink(sock)  # a stale socket from a server that died
-    except FileNotFoundError:
-        pass
-    log = os.path.join(state, "redis.log")
-    args = [
-        binary, "--port", "0", "--unixsocket", sock, "--unixsocketperm", "700",
-        "--maxmemory", str(capacity_bytes), "--maxmemory-policy", "allkeys-lru",
-        "--save", "", "--appendonly", "no", "--dir", state, "--logfile", log,
-        "--daemonize", "no", "--protected-mode", "yes",
-    ]
-    # Its own session: it outlives the process that started it, serving the others.
+    return binary
+
+
+def _launch(args: list[str], log: str, where: str, **conn) -> int:
+    """Start a redis-server in a session of its own (it outlives this process) and wait until it
+    answers at ``conn``; return its pid."""
     proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + _START_TIMEOUT_S
     while time.monotonic() < deadline:
-        if _ping(sock, timeout=0.5):
-            logger.info("started redis-server (pid %d) on %s, maxmemory %d bytes", proc.pid, sock, capacity_bytes)
-            return
+        pid = _server_pid(0.5, **conn)
+        if pid == proc.pid or (pid == 0 and proc.poll() is None):  # it, not another server already there
+            return proc.pid
         if proc.poll() is not None:
             break
         time.sleep(0.05)
@@ -152,9 +166,58 @@ def _spawn(state: str, sock: str, capacity_bytes: int) -> None:
     except OSError:
         pass
     raise StoreUnavailableError(
-        f"the local redis-server ({binary}) did not become ready on {sock} within "
-        f"{_START_TIMEOUT_S:.0f} s (exit code {proc.poll()}). Its log {log} ends with:\n{tail}"
+        f"redis-server ({args[0]}) did not become ready on {where} within {_START_TIMEOUT_S:.0f} s "
+        f"(exit code {proc.poll()}). Its log {log} ends with:\n{tail}"
     )
+
+
+def _spawn(state: str, sock: str, capacity_bytes: int) -> None:
+    binary = _binary("RedisStore(hosts=None)")
+    try:
+        os.unlink(sock)  # a stale socket from a server that died
+    except FileNotFoundError:
+        pass
+    log = os.path.join(state, "redis.log")
+    args = [
+        binary, "--port", "0", "--unixsocket", sock, "--unixsocketperm", "700",
+        "--maxmemory", str(capacity_bytes), "--maxmemory-policy", "allkeys-lru",
+        "--save", "", "--appendonly", "no", "--dir", state, "--logfile", log,
+        "--daemonize", "no", "--protected-mode", "yes",
+    ]
+    pid = _launch(args, log, sock, unix_socket_path=sock)
+    logger.info("started redis-server (pid %d) on %s, maxmemory %d bytes", pid, sock, capacity_bytes)
+
+
+def start_redis_server(port: int, capacity_bytes: int, extra_args: Sequence[str] = (),
+                       cache_dir: Optional[str] = None) -> int:
+    """Start a ``redis-server`` on TCP ``port`` and return its pid once it answers.
+
+    Memory-capped at ``capacity_bytes`` with LRU eviction, nothing persisted to disk, in a session
+    of its own (it outlives this process; stop it with ``SHUTDOWN NOSAVE``, e.g.
+    ``redis.Redis(port=port).shutdown(nosave=True)``). Redis's protection applies: without a
+    password it accepts connections from this machine only; ``extra_args`` (redis-server options,
+    e.g. ``["--requirepass", secret]``) come last and override the defaults.
+
+    Raises:
+        StoreUnavailableError: no redis-server binary, or it did not start (e.g. the port is taken).
+
+    Example::
+
+        pid = start_redis_server(7000, 4 << 30)
+        store = RedisStore(hosts=[{"host": "127.0.0.1", "port": 7000}])
+    """
+    binary = _binary("start_redis_server")
+    state = os.path.join(cache_dir or default_cache_dir(), "redis-tcp")
+    os.makedirs(state, mode=0o700, exist_ok=True)
+    log = os.path.join(state, f"{int(port)}.log")
+    args = [
+        binary, "--port", str(int(port)), "--maxmemory", str(int(capacity_bytes)),
+        "--maxmemory-policy", "allkeys-lru", "--save", "", "--appendonly", "no", "--dir", state,
+        "--logfile", log, "--daemonize", "no", *extra_args,
+    ]
+    pid = _launch(args, log, f"port {port}", host="127.0.0.1", port=int(port))
+    logger.info("started redis-server (pid %d) on port %d, maxmemory %d bytes", pid, port, capacity_bytes)
+    return pid
 
 
 def attach(capacity_bytes: int, cache_dir: Optional[str] = None) -> tuple[str, str]:
@@ -187,7 +250,7 @@ def _shutdown(sock: str) -> bool:
 
     if not _ping(sock):
         return False
-    client = redis.Redis(unix_socket_path=sock, socket_timeout=5)
+    client = _client(5, unix_socket_path=sock)
     try:
         client.shutdown(nosave=True)
     except redis.exceptions.ConnectionError:

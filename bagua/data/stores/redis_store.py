@@ -9,8 +9,8 @@ shared by all ranks and jobs of this user on the machine (those with the same
 ``BAGUA_CACHE_DIR``): Unix socket only (mode 0700, no TCP port), memory-capped at
 ``capacity_per_node`` with LRU eviction, nothing persisted to disk. It is stopped
 (``SHUTDOWN NOSAVE``) when the last process that created a RedisStore on it closes the store
-or exits; ``bagua.data.stores.stop_local_server()`` stops it at once. Keys are not sharded
-across machines in this mode: pass ``hosts`` for that.
+or exits; ``store.shutdown()`` or ``bagua.data.stores.stop_local_server()`` stops it at once.
+Keys are not sharded across machines in this mode: pass ``hosts`` for that.
 
 Faults: a server unreachable at construction raises :class:`StoreUnavailableError` naming
 ``host:port``. A server that stops answering later is reported once; its keys read as misses
@@ -290,6 +290,21 @@ class RedisStore(Store):
         self._here()
         for i in range(len(self._nodes)):
             self._call(i, "clearing", lambda c: c.flushdb(), None)
+
+    def status(self) -> bool:
+        """True when every server of this store answers now."""
+        self._here()
+        return all(self._call(i, "pinging", lambda c: bool(c.ping()), False) for i in range(len(self._nodes)))
+
+    def shutdown(self) -> None:
+        """Close this store and stop the local server (``hosts=None``) at once, for every process
+        using it. Servers given in ``hosts`` were not started by this store: they keep running
+        (a warning says so)."""
+        self.close()
+        if self._local:
+            _local_redis.stop_local_server(self._cache_dir)
+        else:
+            logger.warning("RedisStore.shutdown() leaves the servers given in hosts running: %s", self.hosts)
 
     def close(self) -> None:
         if self._pid == os.getpid():
