@@ -10,8 +10,8 @@ Example::
     >>> opt.fuse_step()
 """
 
-from .fused import FlattenWarning, fuse_optimizer, is_fused_optimizer
+from .fused import FlattenWarning, fuse_optimizer, fused_update_count, is_fused_optimizer
 from .lion import Lion
 from .qadam import QAdamOptimizer
 
-__all__ = ["FlattenWarning", "Lion", "QAdamOptimizer", "fuse_optimizer", "is_fused_optimizer"]
+__all__ = ["FlattenWarning", "Lion", "QAdamOptimizer", "fuse_optimizer", "fused_update_count", "is_fused_optimizer"]

@@ -12,6 +12,10 @@ working unchanged. ``fuse_step()`` then updates whole runs of adjacent parameter
 * otherwise the optimizer's own ``step()`` on flat views of the runs (one "parameter" per run),
   in cache-sized chunks on CPU, so that a multi-pass step re-reads data still in cache.
 
+``fuse_optimizer(opt, single_pass=False)`` always takes the last way: ``fuse_step()`` then does
+the same arithmetic per element as ``step()`` (bit-equal on CPU; the single-pass kernels are
+equal only within float rounding).
+
 Scalar state (e.g. Adam's ``step``) stays per parameter, as torch keeps it; ``state_dict()``
 returns per-parameter copies, never views of the flat buffers, and ``load_state_dict()`` copies
 the loaded values into the flat buffers (the state is views of them again as soon as it returns).
@@ -48,7 +52,7 @@ from .lion import Lion
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["fuse_optimizer", "is_fused_optimizer", "FlattenWarning"]
+__all__ = ["fuse_optimizer", "fused_update_count", "is_fused_optimizer", "FlattenWarning"]
 
 # Elements per chunk of the optimizer's own step on CPU flat buffers: Adam's operands and
 # temporaries for 256K fp32 elements (~6 MiB) stay in the L3 cache between the passes of a
@@ -92,6 +96,25 @@ def is_fused_optimizer(optimizer: Any) -> bool:
     return isinstance(getattr(optimizer, _ATTR, None), _FuseState)
 
 
+def fused_update_count(optimizer: torch.optim.Optimizer) -> int:
+    """How many times ``fuse_step`` updated two or more parameters of a param group as one flat
+    tensor, counted once per param group and step: 0 means nothing was ever fused (no parameters
+    adjacent in memory, e.g. ``do_flatten=False`` on separately allocated parameters).
+
+    Example::
+
+        >>> model = torch.nn.Linear(2, 2)
+        >>> opt = fuse_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+        >>> model(torch.randn(1, 2)).sum().backward()
+        >>> opt.fuse_step(); fused_update_count(opt)
+        1
+    """
+    fs = getattr(optimizer, _ATTR, None)
+    if not isinstance(fs, _FuseState):
+        raise ValueError(f"this {type(optimizer).__name__} is not fused; call fuse_optimizer on it first")
+    return fs.fused_updates
+
+
 def gradient_home(optimizer: torch.optim.Optimizer, param: torch.Tensor) -> torch.Tensor | None:
     """The view of ``optimizer``'s flat gradient buffer that ``param.grad`` should be, when the
     optimizer is fused and flattened ``param``; else None. For wrappers that must give a
@@ -131,7 +154,7 @@ def _refusal(optimizer: torch.optim.Optimizer) -> str | None:
 
 
 def fuse_optimizer(
-    optimizer: torch.optim.Optimizer, do_flatten: bool = True, check_flatten: bool = True
+    optimizer: torch.optim.Optimizer, do_flatten: bool = True, check_flatten: bool = True, single_pass: bool = True
 ) -> torch.optim.Optimizer:
     """Makes ``optimizer`` fused: flat buffers and a ``fuse_step(closure=None)`` method.
 
@@ -144,6 +167,10 @@ def fuse_optimizer(
             adjacent in memory (e.g. flattened by someone else), one by one otherwise.
         check_flatten: warn (once per kind, :class:`FlattenWarning`) when something broke the flat
             layout and ``fuse_step`` had to repair it or update tensors on their own.
+        single_pass: run single-pass kernels where one exists (Triton on CUDA; torch's fused CPU
+            kernel for SGD, Adam, AdamW, Adagrad): equal to ``step()`` within float rounding. With
+            False ``fuse_step`` runs the optimizer's own update on the flat views: the same
+            arithmetic per element as ``step()`` (bit-equal on CPU).
 
     Returns:
         The same optimizer object, with ``fuse_step`` bound on the instance (its class is not
@@ -173,7 +200,7 @@ def fuse_optimizer(
             f"fuse_optimizer cannot fuse {type(optimizer).__name__}: {why}, so its update changes meaning "
             f"on a flat buffer of many tensors. Use its own step() instead."
         )
-    fs = _FuseState(optimizer, bool(do_flatten), bool(check_flatten))
+    fs = _FuseState(optimizer, bool(do_flatten), bool(check_flatten), bool(single_pass))
     setattr(optimizer, _ATTR, fs)
     optimizer.fuse_step = types.MethodType(_fuse_step, optimizer)
     optimizer.register_step_post_hook(fs.on_step)
@@ -353,9 +380,11 @@ class _Bucket:
                         self._scalar_to_home(st, k, i, v)
 
     def _is_flat_state(self, p: torch.Tensor, v: Any) -> bool:
+        # A one-element parameter's state of its own shape, e.g. (1,), is per element too; only a
+        # 0-dim parameter's state could be a scalar (as "step" is), so that stays out.
         return (
             isinstance(v, torch.Tensor)
-            and p.numel() > 1
+            and (p.numel() > 1 or (p.numel() == 1 and p.dim() > 0))
             and v.shape == p.shape
             and v.device == p.device
             and v.layout == torch.strided
@@ -671,10 +700,12 @@ def _kernels_usable(device: torch.device) -> bool:
 
 
 class _FuseState:
-    def __init__(self, opt: torch.optim.Optimizer, do_flatten: bool, check_flatten: bool):
+    def __init__(self, opt: torch.optim.Optimizer, do_flatten: bool, check_flatten: bool, single_pass: bool):
         self.opt = opt
         self.do_flatten = do_flatten
         self.check_flatten = check_flatten
+        self.single_pass = single_pass
+        self.fused_updates = 0  # see fused_update_count
         self.groups: list[tuple[list, int, list[_Bucket]]] = []  # (params list, its length, buckets)
         self.warned: set[str] = set()
         self.in_step = False
@@ -750,9 +781,11 @@ class _FuseState:
         opt = self.opt
         self._reanalyze()
         own_runs: list[tuple[int, _Run]] = []
-        kernel_fn = _KERNELS.get(type(opt))
+        kernel_fn = _KERNELS.get(type(opt)) if self.single_pass else None
         for gi, (_, _, buckets) in enumerate(self.groups):
             group = opt.param_groups[gi]
+            if any(run.i1 - run.i0 > 1 for b in buckets for run in b.runs):
+                self.fused_updates += 1
             for b in buckets:
                 use_kernel = kernel_fn is not None and _kernels_usable(b.device)
                 for run in b.runs:
@@ -766,7 +799,8 @@ class _FuseState:
         """Whether this group's CPU flat step can run torch's own fused (single-pass) CPU kernel."""
         wrong = _CPU_FUSED_WRONG_DTYPES.get(type(self.opt), ())
         return (
-            type(self.opt) in _CPU_FUSED_TYPES
+            self.single_pass
+            and type(self.opt) in _CPU_FUSED_TYPES
             and "fused" in group
             and not group.get("differentiable", False)
             and all(p.device.type == "cpu" and p.dtype not in wrong for p in group["params"])
