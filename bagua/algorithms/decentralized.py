@@ -77,7 +77,10 @@ class DecentralizedImpl(WeightCommunicationImpl):
 
     def init_operations(self, ddp, bucket: Bucket) -> None:
         def average_weights(b: Bucket) -> None:
-            x = b.flat.clone()  # the weights at the start of this step's forward
+            x = self._averaged.get(id(b))
+            if x is None:
+                x = self._averaged[id(b)] = torch.empty_like(b.flat)
+            x.copy_(b.flat)  # the weights at the start of this step's forward
             if self.node_groups is not None:
                 intra = self.node_groups.intra
                 allreduce(x, op=ReduceOp.AVG, group=intra)
@@ -86,9 +89,19 @@ class DecentralizedImpl(WeightCommunicationImpl):
                 broadcast(x, src=intra.ranks[0], group=intra)
             else:
                 peer_average(x, self.peers, self.mode, self.comm_steps)
-            self._averaged[id(b)] = x
 
         bucket.append_op(average_weights, f"decentralized[{self.mode}]")
+
+    def peer_weight(self, bucket: Bucket) -> torch.Tensor:
+        """``bucket``'s weights as averaged with the peers at the last communication step (what
+        replaced the weights before that step's optimizer update; the original Bagua's
+        ``bucket._peer_weight``); before the first communication step, the weights themselves.
+
+        Example::
+
+            averaged = ddp.impl.peer_weight(ddp.buckets[0])
+        """
+        return self._averaged.get(id(bucket), bucket.flat)
 
     def on_forward_pre(self, ddp) -> None:
         super().on_forward_pre(ddp)
@@ -106,7 +119,7 @@ class DecentralizedImpl(WeightCommunicationImpl):
             return
         with torch.no_grad():
             for bucket in ddp.buckets:
-                bucket.flat.copy_(self._averaged.pop(id(bucket)))
+                bucket.flat.copy_(self._averaged[id(bucket)])
         self.comm_steps += 1
         self.communicating = False
 

@@ -81,6 +81,23 @@ class LowPrecisionDecentralizedImpl(WeightCommunicationImpl):
         """
         self._stale = True
 
+    def replicas(self, bucket: Bucket) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This rank's replicas for ``bucket``: its own weights as its neighbours know them (x̂_i),
+        its left and its right neighbour's weights (the original Bagua's ``bucket._weight``,
+        ``_left_peer_weight`` and ``_right_peer_weight``). Before the first training step, and on
+        a rank that exchanges with no one (a ring of one; not a node leader under
+        ``hierarchical=True``), no one holds a replica of anyone: all three are the weights.
+
+        Example::
+
+            own, left, right = ddp.impl.replicas(ddp.buckets[0])
+        """
+        state = self._states.get(id(bucket))
+        if state is None:
+            return bucket.flat, bucket.flat, bucket.flat
+        left, right = self.sides
+        return state.own, state.peers[left], state.peers[right]
+
     def on_forward_pre(self, ddp) -> None:
         if self.communicating:  # the last communication step's optimizer step was skipped or raised
             self._communicate(ddp)
@@ -128,10 +145,13 @@ class LowPrecisionDecentralizedImpl(WeightCommunicationImpl):
 
     def _exchange(self, bucket: Bucket) -> None:
         state = self._states[id(bucket)]
-        z = bucket.flat.clone()
+        # z = (x - x̂_i) + (mixed replicas - x̂_i), each term rounded as the original's reference
+        # rounds it (z += ⅓·x̂_left; z += ⅓·x̂_right; z -= ⁵⁄₃·x̂_i): a fused multiply-add rounds once,
+        # and a difference in the last bit can move an 8-bit code by a whole level
+        z, term = bucket.flat.clone(), torch.empty_like(bucket.flat)
         for j in self.sides:
-            z.add_(state.peers[j], alpha=_MIX)
-        z.add_(state.own, alpha=_MIX - 2.0)  # z = (x - x̂_i) + (mixed replicas - x̂_i)
+            z.add_(torch.mul(state.peers[j], _MIX, out=term))
+        z.sub_(torch.mul(state.own, 2.0 - _MIX, out=term))
         mine = self.codec.encode(z)
         received = self._swap(mine.data)
         wire = mine.data.numel()

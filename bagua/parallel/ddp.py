@@ -138,6 +138,9 @@ class DistributedDataParallel(torch.nn.Module):
         self._buffers_sent = False  # whether this step's buffer broadcast has started
         self._marked: set[str] = set()
         self._used: set[str] = set()  # parameters that got a gradient since the last synced backward
+        #: names of the parameters that got a gradient on this rank in the last synced step
+        #: (its backward, and the accumulation before it); empty before the first
+        self.parameters_used_last_step: frozenset[str] = frozenset()
         self._callback_queued = False
         self._join: Optional[_join.JoinState] = None
         self._comm_hook: Optional[Callable] = None
@@ -385,6 +388,7 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _finish_synced_step(self) -> None:
         """What ends every synced step after the buckets: buffers, then the algorithm's own end."""
+        self.parameters_used_last_step = frozenset(self._used)
         self._used.clear()
         if self._join is not None:
             self._join.scale_gradients()

@@ -96,7 +96,7 @@ def _unused(rank: int, find_unused: bool):
         opt.zero_grad()
         torch.nn.functional.cross_entropy(ddp(x), y).backward()
         opt.step()
-    return flat_params(model), model.unused_head.weight.detach().clone()
+    return flat_params(model), model.unused_head.weight.detach().clone(), ddp.parameters_used_last_step
 
 
 def test_unused_parameters_are_a_clear_error_without_find_unused_parameters():
@@ -107,9 +107,10 @@ def test_unused_parameters_are_a_clear_error_without_find_unused_parameters():
 
 
 def test_find_unused_parameters_trains_and_leaves_unused_ones_alone():
-    (a, unused_a), (b, unused_b) = run_ranks(_unused, 2, True)
+    (a, unused_a, used_a), (b, unused_b, used_b) = run_ranks(_unused, 2, True)
     assert torch.equal(a, b)
     assert torch.equal(unused_a, _TwoHeads().unused_head.weight.detach())
+    assert used_a == used_b == {"body.weight", "body.bias", "head.weight", "head.bias"}
 
 
 class _SkippableBranch(torch.nn.Module):

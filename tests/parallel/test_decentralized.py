@@ -15,7 +15,8 @@ STEPS = 6
 LR = 0.1
 
 
-def _trajectory(rank: int, algorithm) -> list[torch.Tensor]:
+def _trajectory(rank: int, algorithm) -> dict:
+    """The weights after each step, and the last peer average (``peer_weight``), in model order."""
     model = make_model(seed=rank)  # wrapping broadcasts rank 0's weights
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     ddp = bagua.DistributedDataParallel(model, [opt], algorithm=algorithm)
@@ -25,10 +26,13 @@ def _trajectory(rank: int, algorithm) -> list[torch.Tensor]:
         torch.nn.functional.cross_entropy(ddp(x), y).backward()
         opt.step()
         out.append(flat_params(model))
-    return out
+    (bucket,) = ddp.buckets  # the last parameter first
+    averaged = torch.split(ddp.impl.peer_weight(bucket), [p.numel() for p in reversed(list(model.parameters()))])
+    return {"weights": out, "peer_weight": torch.cat(list(reversed(averaged))).clone()}
 
 
-def _simulate_decentralized(world: int, mode: str, interval: int) -> list[list[torch.Tensor]]:
+def _simulate_decentralized(world: int, mode: str, interval: int) -> tuple[list[list[torch.Tensor]], list[torch.Tensor]]:
+    """Every rank's weights after each step, and the weights of the last peer average."""
     x = [flat_params(make_model(seed=0)) for _ in range(world)]
     history, comm_step = [[w.clone() for w in x]], 0
     for t in range(STEPS):
@@ -39,22 +43,25 @@ def _simulate_decentralized(world: int, mode: str, interval: int) -> list[list[t
                 x = [mean.clone() for _ in range(world)]
             else:
                 x = [(x[r] + x[shift_one_peer(r, world, comm_step)]) * 0.5 for r in range(world)]
+            averaged = [w.clone() for w in x]
             comm_step += 1
         x = [w.add(gr, alpha=-LR) for w, gr in zip(x, g)]
         history.append([w.clone() for w in x])
-    return history
+    return history, averaged
 
 
 @pytest.mark.parametrize("world, mode, interval", [(2, "all", 1), (3, "all", 2), (2, "shift_one", 1), (4, "shift_one", 1)])
 def test_decentralized_matches_simulation(world, mode, interval):
     algo = bagua.algorithms.DecentralizedAlgorithm(peer_selection_mode=mode, communication_interval=interval)
     runs = run_ranks(_trajectory, world, algo, timeout=120)
-    expected = _simulate_decentralized(world, mode, interval)
+    expected, averaged = _simulate_decentralized(world, mode, interval)
     for step in range(STEPS + 1):
         for rank in range(world):
-            torch.testing.assert_close(runs[rank][step], expected[step][rank], rtol=0, atol=1e-6)
+            torch.testing.assert_close(runs[rank]["weights"][step], expected[step][rank], rtol=0, atol=1e-6)
+    for rank in range(world):
+        torch.testing.assert_close(runs[rank]["peer_weight"], averaged[rank], rtol=0, atol=1e-6)
     # it is decentralized: the ranks do not hold identical weights
-    assert not torch.equal(runs[0][-1], runs[1][-1])
+    assert not torch.equal(runs[0]["weights"][-1], runs[1]["weights"][-1])
 
 
 def test_shift_one_pairs_every_rank_with_a_new_peer_each_step():
@@ -74,10 +81,10 @@ def test_hierarchical_decentralized_matches_simulation():
     # two simulated nodes of two ranks: exact within a node, then the two leaders average
     # ("all"), which is the global average: x_{t+1} = mean(x_t) - lr * g_i(x_t)
     runs = run_ranks(_hierarchical_trajectory, 4, local_world_size=2, timeout=120)
-    expected = _simulate_decentralized(4, "all", 1)
+    expected, _ = _simulate_decentralized(4, "all", 1)
     for step in range(STEPS + 1):
         for rank in range(4):
-            torch.testing.assert_close(runs[rank][step], expected[step][rank], rtol=0, atol=1e-6)
+            torch.testing.assert_close(runs[rank]["weights"][step], expected[step][rank], rtol=0, atol=1e-6)
 
 
 def _shift_one_odd(rank: int):

@@ -33,9 +33,12 @@ def _from_bucket(flat: torch.Tensor) -> torch.Tensor:
 
 
 def _replicas(ddp) -> dict:
-    """This rank's replicas of its one bucket, in model order: its own, and its neighbours' by rank."""
-    (state,) = ddp.impl._states.values()
-    return {"own": _from_bucket(state.own), "peers": {j: _from_bucket(p) for j, p in state.peers.items()}}
+    """This rank's replicas of its one bucket, in model order: its own, and its neighbours' by ring rank."""
+    (bucket,) = ddp.buckets
+    own, left, right = ddp.impl.replicas(bucket)
+    rank, size = ddp.impl.ring.rank, ddp.impl.ring.size
+    peers = {(rank - 1) % size: _from_bucket(left), (rank + 1) % size: _from_bucket(right)}
+    return {"own": _from_bucket(own), "peers": peers}
 
 
 def _train(ddp, opt, batches, out: list) -> None:
@@ -74,9 +77,9 @@ def _simulate(world: int, interval: int, local: int = 1) -> list[list[torch.Tens
             node_x = x if local == 1 else [sum(x[n * local:(n + 1) * local]) / local for n in range(nodes)]
             diffs = []
             for n in range(nodes):
-                z = node_x[n].clone()
-                z.add_(peers[n][sides[n][0]], alpha=1 / 3).add_(peers[n][sides[n][1]], alpha=1 / 3)
-                z.add_(own[n], alpha=1 / 3 - 2)
+                z = node_x[n] + 1 / 3 * peers[n][sides[n][0]]  # the reference's roundings
+                z += 1 / 3 * peers[n][sides[n][1]]
+                z -= 5 / 3 * own[n]
                 diffs.append(codec.decode(codec.encode(z)))
             for n in range(nodes):
                 own[n] += diffs[n]
