@@ -6,7 +6,7 @@ torchrun's environment, calls ``bagua.init_process_group()`` in each, then
 the test with its traceback; ranks that do not finish by ``timeout`` are killed and
 the test fails naming them, so a hang can never block the suite.
 
-Processes come from a forkserver that has torch and bagua preloaded: fast to start,
+Processes come from a forkserver that has torch, torch._dynamo and bagua preloaded: fast to start,
 and safe (no fork of a process that already ran torch's thread pools).
 
 ``fn`` must be a module-level function (it is pickled by reference).
@@ -24,8 +24,9 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
-_ctx = mp.get_context("forkserver")
-_ctx.set_forkserver_preload(["torch", "bagua"])
+# Every test's ranks come from this one forkserver (tests.compat's harness too).
+process_context = mp.get_context("forkserver")
+process_context.set_forkserver_preload(["torch", "torch._dynamo", "bagua"])  # init_process_group imports torch._dynamo: ~2 s a rank
 
 
 class RankFailure(AssertionError):
@@ -72,14 +73,15 @@ def _child(fn, rank, world_size, local_world_size, port, args, results, init_kwa
             pass
 
 
-def _launch(fn, world_size, args, timeout, local_world_size, init_kwargs, init, comm_timeout_s):
+def _launch(fn, world_size, args, timeout, local_world_size, init_kwargs, init, comm_timeout_s, fresh=False):
     """Run the ranks; return ({rank: (status, payload)}, [ranks that never reported], procs)."""
     local_world_size = local_world_size or world_size
     port = free_port()
-    results = _ctx.Queue()
+    context = mp.get_context("spawn") if fresh else process_context
+    results = context.Queue()
     kwargs = (init_kwargs or {}) if init else None
     procs = [
-        _ctx.Process(
+        context.Process(
             target=_child,
             args=(fn, r, world_size, local_world_size, port, args, results, kwargs, comm_timeout_s),
             daemon=True,
@@ -126,6 +128,7 @@ def run_ranks(
     init_kwargs: Optional[dict] = None,
     init: bool = True,
     comm_timeout_s: float = 60.0,
+    fresh_interpreters: bool = False,
 ) -> list[Any]:
     """Run ``fn(rank, *args)`` on ``world_size`` real ranks; return the results by rank.
 
@@ -135,8 +138,11 @@ def run_ranks(
         init_kwargs: extra keyword arguments for ``bagua.init_process_group``.
         init: False to leave ``init_process_group`` to ``fn``.
         comm_timeout_s: the process group's collective timeout.
+        fresh_interpreters: start each rank as a new interpreter (slow), for a test of what
+            happens before torch._dynamo is imported (the forkserver preloads it).
     """
-    outcomes, missing, procs = _launch(fn, world_size, args, timeout, local_world_size, init_kwargs, init, comm_timeout_s)
+    outcomes, missing, procs = _launch(fn, world_size, args, timeout, local_world_size, init_kwargs, init, comm_timeout_s,
+                                       fresh_interpreters)
     errors = {r: tb for r, (status, tb) in sorted(outcomes.items()) if status == "error"}
     if errors or missing:
         parts = [f"rank {r} raised:\n{tb}" for r, tb in errors.items()]

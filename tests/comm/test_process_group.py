@@ -112,7 +112,7 @@ def _gloo_threads_after_destroy(rank: int) -> tuple:
 def test_destroy_process_group_stops_gloo_threads_even_after_an_optimizer_was_built():
     # Gloo threads alive at interpreter exit can abort the process while they drop a finished
     # collective ("terminate called without an active exception").
-    for dynamo_before_init, gloo_threads in run_ranks(_gloo_threads_after_destroy, 2, init=False):
+    for dynamo_before_init, gloo_threads in run_ranks(_gloo_threads_after_destroy, 2, init=False, fresh_interpreters=True):
         assert not dynamo_before_init, "torch._dynamo was imported before init: this test checks nothing"
         assert gloo_threads == []
 
