@@ -1,0 +1,79 @@
+"""The original Bagua launchers' command lines, run by torchrun.
+
+``python -m bagua.distributed.launch`` and ``python -m bagua.distributed.run`` accept the
+original flags: torchrun's own (which torchrun spells with underscores too), plus Bagua's:
+
+- ``--default_bucket_size N``: sets ``BAGUA_DEFAULT_BUCKET_SIZE`` for the workers (the bucket
+  size of ``model.with_bagua``);
+- ``--bagua_service_port``: accepted, no effect (there is no autotune service to reach);
+- ``--autotune_level 0`` and the other ``--autotune_*`` flags at their defaults: accepted;
+  autotuning itself (level >= 1), ``--enable_bagua_net`` (Bagua-Net), ``--report_metrics``,
+  ``--host_list``/``--ssh_port`` (starting hosts over ssh): a clear error saying what to do;
+- launch's ``--logdir`` is torchrun's ``--log-dir``, and ``--set_additional_flag`` passes
+  ``--local-rank=N`` to the script (torch's spelling: a script parsing only ``--local_rank``
+  should read ``LOCAL_RANK`` instead); without it the rank is in ``LOCAL_RANK`` only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Optional, Sequence
+
+_NOT_SUPPORTED = {
+    "enable_bagua_net": "Bagua-Net is not part of this bagua; run without --enable_bagua_net",
+    "report_metrics": "metrics reporting to the autotune service is not part of this bagua; run without --report_metrics",
+    "host_list": "starting hosts over ssh is not part of this bagua; run the launcher on each host "
+                 "(--nnodes, --node_rank, --master_addr) or use torchrun's rendezvous",
+    "ssh_port": "starting hosts over ssh is not part of this bagua; run the launcher on each host",
+}
+_AUTOTUNE_DEFAULTS = {"autotune_max_samples": 60, "autotune_sampling_confidence_time": 5.0,
+                      "autotune_warmup_time": 30.0, "is_output_autotune_log": False}
+
+
+def main(argv: Optional[Sequence[str]], launcher: str) -> None:
+    """Parse the original ``launcher``'s (``"launch"`` or ``"run"``) command line and run torchrun."""
+    from torch.distributed.run import get_args_parser, run
+
+    parser = get_args_parser()
+    parser.prog = f"python -m bagua.distributed.{launcher}"
+    parser.add_argument("--bagua_service_port", type=int, default=29501, help="accepted, no effect")
+    parser.add_argument("--default_bucket_size", type=int, default=10 * 1024**2,
+                        help="bucket size in bytes of model.with_bagua (BAGUA_DEFAULT_BUCKET_SIZE)")
+    parser.add_argument("--autotune_level", type=int, default=0, help="0 only")
+    parser.add_argument("--autotune_max_samples", type=int, default=60, help=argparse.SUPPRESS)
+    parser.add_argument("--autotune_sampling_confidence_time", type=float, default=5.0, help=argparse.SUPPRESS)
+    parser.add_argument("--autotune_warmup_time", type=float, default=30.0, help=argparse.SUPPRESS)
+    parser.add_argument("--is_output_autotune_log", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--enable_bagua_net", action="store_true", help="not supported")
+    parser.add_argument("--report_metrics", action="store_true", help="not supported")
+    parser.add_argument("--host_list", type=str, default=None, help="not supported")
+    parser.add_argument("--ssh_port", type=int, default=None, help="not supported")
+    if launcher == "launch":
+        parser.add_argument("--logdir", type=str, default=None, help="torchrun's --log-dir")
+        parser.add_argument("--set_additional_flag", action="store_true", help="pass --local-rank=N to the script")
+    else:
+        parser.add_argument("--use_env", action="store_true", help="accepted (the rank is always in LOCAL_RANK)")
+    args = parser.parse_args(argv)
+
+    for name, why in _NOT_SUPPORTED.items():
+        if getattr(args, name) not in (None, False):
+            parser.error(f"--{name}: {why}")
+    if args.autotune_level != 0:
+        parser.error("--autotune_level: only 0 is supported (no autotuning); run with --autotune_level 0 or without it")
+    changed = [f"--{name}" for name, default in _AUTOTUNE_DEFAULTS.items() if getattr(args, name) != default]
+    if changed:
+        parser.error(f"{', '.join(changed)}: autotuning is not supported; run without these flags")
+    if args.default_bucket_size < 1:
+        parser.error(f"--default_bucket_size must be a positive number of bytes, got {args.default_bucket_size}")
+    os.environ["BAGUA_DEFAULT_BUCKET_SIZE"] = str(args.default_bucket_size)
+    if launcher == "launch":
+        args.log_dir = args.log_dir or args.logdir
+        args.use_env = not args.set_additional_flag
+    else:
+        args.use_env = True
+    for name in ("bagua_service_port", "default_bucket_size", "logdir", "set_additional_flag", *_NOT_SUPPORTED,
+                 "autotune_level", *_AUTOTUNE_DEFAULTS):
+        if hasattr(args, name):
+            delattr(args, name)
+    run(args)
