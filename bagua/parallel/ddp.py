@@ -241,19 +241,9 @@ class DistributedDataParallel(torch.nn.Module):
             ddp.attach_to_module()
             model(x).sum().backward()      # gradients averaged, as ddp(x) would
         """
-        state = {"stepping": False}
-
-        def before(module, args):
-            if not self._in_forward:
-                state["stepping"] = self._forward_begins()
-
-        def after(module, args, output):
-            if not self._in_forward and state["stepping"]:
-                state["stepping"] = False
-                return self._forward_ends(output)
-            return None
-
-        self._hooks += [self.module.register_forward_pre_hook(before), self.module.register_forward_hook(after)]
+        link = self.module._bagua_wrapper  # a copy of the module gets an inert link: its calls are its own
+        self._hooks += [self.module.register_forward_pre_hook(link.forward_begins),
+                        self.module.register_forward_hook(link.forward_ends)]
 
     def _start_buffer_broadcast(self) -> None:
         if self._buffer_broadcast is not None and not self._buffers_sent and self.impl.broadcasts_buffers(self):

@@ -1,6 +1,6 @@
 """What wrapping a module checks and leaves on it: the arguments' checks, and the module's weak
-link back to its wrapper (``module._bagua_wrapper``), through which a ``load_state_dict`` or
-the process's exit reach the algorithm.
+link back to its wrapper (``module._bagua_wrapper``), through which a ``load_state_dict``, the
+process's exit, or (``attach_to_module``) a call of the module itself reach the wrapper.
 
 Example::
 
@@ -26,6 +26,7 @@ class WrapperLink:
 
     def __init__(self, wrapper: Optional["DistributedDataParallel"] = None):
         self._ref = weakref.ref(wrapper) if wrapper is not None else None
+        self._stepping = False  # the module's running forward began a training step (attach_to_module)
 
     def __call__(self) -> Optional["DistributedDataParallel"]:
         return None if self._ref is None else self._ref()
@@ -38,6 +39,21 @@ class WrapperLink:
         wrapper = self()
         if wrapper is not None and not wrapper._closed:
             wrapper.impl.on_exit(wrapper)
+
+    def forward_begins(self, module: torch.nn.Module, args: Any) -> None:
+        """Forward pre-hook of an attached module (``attach_to_module``): begin the wrapper's step
+        when the module itself is called, not from inside the wrapper's own forward."""
+        wrapper = self()
+        if wrapper is not None and not wrapper._in_forward:
+            self._stepping = wrapper._forward_begins()
+
+    def forward_ends(self, module: torch.nn.Module, args: Any, output: Any) -> Any:
+        """Forward hook of an attached module: what the wrapper's forward does after the module's."""
+        wrapper = self()
+        if wrapper is None or wrapper._in_forward or not self._stepping:
+            return None
+        self._stepping = False
+        return wrapper._forward_ends(output)
 
     def weights_loaded(self, module: torch.nn.Module, incompatible_keys: Any) -> None:
         """The module's load_state_dict post hook: tell the algorithm."""
