@@ -4,9 +4,9 @@ run under torchrun on CPU ranks and train.
 - mnist: every algorithm, one epoch on 2 ranks; the test accuracy is far above chance.
 - communication_primitives: every primitive against torch.distributed's; 8 ranks, because its
   alltoall_v block is written for 8 (its split lists have 8 entries).
-- synthetic_benchmark: gradient allreduce and async (whose ``abort`` ends the script).
-- elastic_training: launched by ``python -m bagua.distributed.run``; a second run resumes from
-  the checkpoint the first one wrote.
+- synthetic_benchmark: every algorithm (async's ``abort`` ends the script).
+- elastic_training: launched by ``python -m bagua.distributed.run``, every algorithm it offers
+  (all but async); a second run resumes from the checkpoint the first one wrote.
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ def _test_accuracy(output: str) -> float:
     return correct / total
 
 
+ALGORITHMS = ["gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam"]
+
+
 @pytest.mark.parametrize("algorithm", [
     ["gradient_allreduce"], ["bytegrad"], ["decentralized"], ["low_precision_decentralized"],
     ["async", "--async-sync-interval", "50"],
@@ -52,12 +55,21 @@ def test_communication_primitives_match_torch_distributed():
     _run(["torch.distributed.run"], "communication_primitives.py", ranks=8)
 
 
-@pytest.mark.parametrize("algorithm", ["gradient_allreduce", "async"])
-def test_synthetic_benchmark_runs(algorithm):
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_synthetic_benchmark_runs_with_every_algorithm(algorithm):
     output = _run(["torch.distributed.run"], "synthetic_benchmark.py", "--model", "small_cnn", "--batch-size", "4",
                   "--num-warmup-batches", "2", "--num-batches-per-iter", "2", "--num-iters", "2",
                   "--algorithm", algorithm, "--async-sync-interval", "20")
     assert "Total img/sec on 2 CPU(s)" in output
+
+
+@pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a not in ("async", "bytegrad")])
+def test_elastic_training_trains_with_its_other_algorithms(tmp_path, algorithm):
+    # the example offers every algorithm but async; bytegrad is the resume test's below
+    lr = ["--lr", "0.003"] if algorithm == "qadam" else []  # its default lr (1.0) is Adadelta's
+    output = _run(["bagua.distributed.run"], "elastic_training.py", "--epochs", "1", "--algorithm", algorithm,
+                  "--checkpoint_path", str(tmp_path / "mnist.ckpt"), "--log-interval", "100", *lr)
+    assert _test_accuracy(output) > 0.5, output[-3000:]
 
 
 def test_elastic_training_resumes_from_its_checkpoint(tmp_path):
