@@ -388,7 +388,8 @@ def get_inter_node_group() -> BaguaProcessGroup:
 def new_group(ranks: list[int]) -> BaguaProcessGroup:
     """A new communicator over the given global ranks. Every rank in ``ranks`` must call it,
     with the same list, in the same order relative to its other ``new_group`` calls; other
-    ranks need not call it.
+    ranks need not call it. Group ranks follow the global ranks' order (as torch numbers
+    them), whatever order ``ranks`` lists them in.
 
     Example::
 
@@ -396,13 +397,14 @@ def new_group(ranks: list[int]) -> BaguaProcessGroup:
     """
     state = _require_state("bagua.comm.new_group()")
     world = dist.get_world_size()
-    ranks = [int(r) for r in ranks]
-    if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < world for r in ranks):
-        raise ValueError(f"ranks must be distinct global ranks in [0, {world}), got {ranks}")
+    listed = [int(r) for r in ranks]
+    if not listed or len(set(listed)) != len(listed) or not all(0 <= r < world for r in listed):
+        raise ValueError(f"ranks must be distinct global ranks in [0, {world}), got {listed}")
+    ranks = sorted(listed)  # torch's group ranks are in this order
     # Always a communicator of its own, even for all ranks: collectives on it never interleave
     # with those of other groups (a background thread may own it).
     with _naming:
-        key = tuple(sorted(ranks))
+        key = tuple(ranks)
         serial = _groups_made.get(key, 0)
         _groups_made[key] = serial + 1
         name = "bagua-" + hashlib.sha1(f"{key}/{serial}".encode()).hexdigest()

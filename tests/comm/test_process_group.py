@@ -170,3 +170,14 @@ def test_new_group_works_whatever_groups_its_members_belonged_to_before():
     assert run_ranks(_groups_after_uneven_memberships, 3, timeout=60, comm_timeout_s=20) == [
         [1.0, 1.0], [1.0, 3.0, 1.0], [3.0],
     ]
+
+
+def _unsorted_group(rank: int) -> tuple:
+    group = bagua.comm.new_group([1, 0])
+    gathered = bagua.comm.allgather(torch.tensor([float(rank)]), group=group)
+    return group.ranks, group.rank, gathered.tolist()
+
+
+def test_a_group_listed_out_of_order_numbers_its_ranks_as_torch_does():
+    for rank, (ranks, group_rank, gathered) in enumerate(run_ranks(_unsorted_group, 2)):
+        assert ranks == (0, 1) and group_rank == rank and gathered == [0.0, 1.0]
