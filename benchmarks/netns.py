@@ -5,15 +5,18 @@ Every rank becomes its own "node" (``LOCAL_WORLD_SIZE=1``) in a private network 
 with one veth leg; the other legs hang off a Linux bridge in the root namespace. With a rate
 given, a ``tbf`` qdisc caps both directions of every leg (egress inside the namespace, and
 egress of the bridge-side leg towards the namespace), so all rank-to-rank traffic crosses a
-link of that bandwidth. Nothing is routed anywhere else: the bridge has no address, no route,
-NAT or default route is added, and the addresses (a /24 inside 10.213.0.0/16) exist only inside
-the namespaces.
+link of that bandwidth. With ``per_flow_rate`` as well, each TCP connection is capped at that
+rate under the aggregate ``rate`` instead, as clouds cap a single flow (an htb tree with one
+leaf per connection, kept up to date by a watcher thread: ``benchmarks/netns_flows.py``).
+Nothing is routed anywhere else: the bridge has no address, no route, NAT or default route is
+added, and the addresses (a /24 inside 10.213.0.0/16) exist only inside the namespaces.
 
 Needs root and iproute2 (``ip``, ``tc``). Standard library only.
 
 CLI::
 
     python benchmarks/netns.py --ranks 2 --rate 100mbit -- python train.py --epochs 1
+    python benchmarks/netns.py --ranks 2 --rate 1gbit --per-flow-rate 250mbit -- python train.py
     python benchmarks/netns.py --cleanup          # remove leftovers of killed runs
 
 Python::
@@ -41,6 +44,11 @@ import tempfile
 import threading
 import time
 from typing import IO, Mapping, Sequence
+
+if __package__:
+    from .netns_flows import FlowShaping, FlowShapingError, FlowWatcher, Link
+else:  # run as a script, or imported with benchmarks/ on the path
+    from netns_flows import FlowShaping, FlowShapingError, FlowWatcher, Link
 
 __all__ = [
     "NetnsError",
@@ -376,6 +384,9 @@ class ShapedNetwork:
     Args:
         ranks: number of namespaces (= ranks = "nodes"), 1..254.
         rate: per-link cap, tc syntax ("100mbit", "1gbit", "50mbps"); None or "none": no cap.
+        per_flow_rate: also cap each TCP connection at this rate (at most ``rate``), in both
+            directions, for connections made at any time (``self.flow_watcher`` keeps one
+            htb leaf per connection); None: one tbf cap per leg.
         master_port: MASTER_PORT given to the ranks (each namespace is private, so it is free).
         subnet: third octet of the 10.213.<subnet>.0/24 used; default: random per invocation.
 
@@ -383,12 +394,15 @@ class ShapedNetwork:
 
         with ShapedNetwork(ranks=2, rate="100mbit") as net:
             rcs = net.run([sys.executable, "-c", "import os; print(os.environ['RANK'])"])
+        with ShapedNetwork(ranks=2, rate="1gbit", per_flow_rate="250mbit") as net:
+            ...  # one connection gets 250 Mbit/s, four or more share 1 Gbit/s
     """
 
     def __init__(
         self,
         ranks: int,
         rate: str | int | float | None = "100mbit",
+        per_flow_rate: str | int | float | None = None,
         master_port: int = DEFAULT_MASTER_PORT,
         subnet: int | None = None,
     ) -> None:
@@ -400,7 +414,18 @@ class ShapedNetwork:
             raise ValueError(f"subnet must be an int in [0, 255] or None, got {subnet!r}")
         self.ranks = ranks
         self.rate_bit = parse_rate(rate)
-        self.shaping = None if self.rate_bit is None else Shaping(self.rate_bit)
+        self.per_flow_bit = parse_rate(per_flow_rate)
+        if self.per_flow_bit is not None and self.rate_bit is None:
+            raise ValueError(
+                f"per_flow_rate={per_flow_rate!r} needs an aggregate rate= to sit under "
+                f"(e.g. rate='1gbit'); got rate={rate!r}"
+            )
+        self.shaping: Shaping | FlowShaping | None = (
+            None if self.rate_bit is None
+            else Shaping(self.rate_bit) if self.per_flow_bit is None
+            else FlowShaping(self.rate_bit, self.per_flow_bit)
+        )
+        self.flow_watcher: FlowWatcher | None = None
         self.master_port = master_port
         self.subnet = random.SystemRandom().randrange(256) if subnet is None else subnet
 
@@ -478,7 +503,7 @@ class ShapedNetwork:
             ip("link", "set", "dev", leg, "master", self.bridge)
             ip("-n", ns, "link", "set", "dev", IFNAME_IN_NS, "addrgenmode", "none")
             ip("-n", ns, "addr", "add", f"{self.addresses[i]}/24", "dev", IFNAME_IN_NS)
-            if self.shaping is not None:
+            if isinstance(self.shaping, Shaping):
                 args = self.shaping.tc_args()
                 # namespace -> bridge
                 _cmd("tc", "-n", ns, "qdisc", "add", "dev", IFNAME_IN_NS, "root", *args)
@@ -486,11 +511,23 @@ class ShapedNetwork:
                 _cmd("tc", "qdisc", "add", "dev", leg, "root", *args)
             ip("link", "set", "dev", leg, "up")
             ip("-n", ns, "link", "set", "dev", IFNAME_IN_NS, "up")
+        if isinstance(self.shaping, FlowShaping):
+            self.flow_watcher = FlowWatcher(
+                self.shaping,
+                [Link(ns, IFNAME_IN_NS, leg) for ns, leg in zip(self.namespaces, self.host_legs)],
+            )
+            try:
+                self.flow_watcher.install()
+            except FlowShapingError as e:
+                raise NetnsError(str(e)) from e
+            self.flow_watcher.start()
 
     def teardown(self, raise_on_leftovers: bool = False) -> None:
         """Delete everything :meth:`setup` created; safe to call twice or after a failed setup.
 
-        Ctrl-C and SIGTERM are held back until it is done.
+        Ctrl-C and SIGTERM are held back until it is done. With ``raise_on_leftovers``, raise
+        :class:`NetnsError` if something is left or the per-flow watcher had failed (otherwise
+        log it).
         """
         if not self._up:
             return
@@ -501,6 +538,13 @@ class ShapedNetwork:
             old_mask = None
         try:
             problems: list[str] = []
+            watcher_failure = ""
+            if self.flow_watcher is not None:  # first: it holds the namespaces open
+                try:
+                    self.flow_watcher.stop()
+                except FlowShapingError as e:
+                    watcher_failure = str(e)
+                self.flow_watcher = None
             existing_ns = set(_list_netns())
             for ns in self.namespaces:
                 if ns in existing_ns:
@@ -535,6 +579,10 @@ class ShapedNetwork:
                 if raise_on_leftovers:
                     raise NetnsError(msg)
                 logger.warning(msg)
+            if watcher_failure:
+                if raise_on_leftovers:
+                    raise NetnsError(watcher_failure)
+                logger.error(watcher_failure)
         finally:
             if old_mask is not None:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
@@ -776,18 +824,24 @@ def _parser() -> argparse.ArgumentParser:
         prog="netns.py",
         description=(
             "Run N ranks of a torchrun-style job, each in its own network namespace, joined by "
-            "a bridge with every link capped at --rate in both directions. Needs root and "
-            "iproute2."
+            "a bridge with every link capped at --rate in both directions (and each TCP "
+            "connection at --per-flow-rate). Needs root and iproute2."
         ),
         epilog=(
             "example: python benchmarks/netns.py --ranks 2 --rate 100mbit -- "
-            "python train.py --epochs 1"
+            "python train.py --epochs 1; with --rate 1gbit --per-flow-rate 250mbit, one "
+            "connection gets 250 Mbit/s and four share 1 Gbit/s"
         ),
     )
     p.add_argument("--ranks", type=int, default=2, help="number of ranks/namespaces (default 2)")
     p.add_argument(
         "--rate", default="100mbit",
         help="per-link cap in tc syntax (100mbit, 1gbit, 12.5mbps) or 'none' (default 100mbit)",
+    )
+    p.add_argument(
+        "--per-flow-rate", default=None,
+        help="also cap every TCP connection at this rate, under the aggregate --rate "
+        "(e.g. 250mbit; default: no per-connection cap)",
     )
     p.add_argument(
         "--timeout", type=float, default=DEFAULT_TIMEOUT,
@@ -832,10 +886,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not cmd:
             parser.error("give the command after --, e.g. -- python train.py")
         try:
-            parse_rate(args.rate)
+            net = ShapedNetwork(
+                args.ranks, args.rate, per_flow_rate=args.per_flow_rate,
+                master_port=args.master_port,
+            )
         except ValueError as e:
             parser.error(str(e))
-        with ShapedNetwork(args.ranks, args.rate, master_port=args.master_port) as net:
+        with net:
             print(
                 f"netns: {net.ranks} ranks, rate {net.shaping or 'unlimited'}, "
                 f"10.213.{net.subnet}.0/24, prefix {net.prefix}",

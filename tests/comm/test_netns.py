@@ -6,12 +6,10 @@ Real namespaces, veths, bridge and tbf qdiscs; needs root and iproute2, skipped 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
@@ -22,70 +20,7 @@ from benchmarks.netns import (
     ShapedNetwork,
     parse_rate,
 )
-
-REPO = Path(__file__).resolve().parents[2]
-
-def _netns_unavailable() -> str:
-    """Why namespaces can't be made here ("" when they can)."""
-    if sys.platform != "linux":
-        return f"network namespaces need Linux, this is {sys.platform}"
-    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
-    if missing:
-        return f"{' and '.join(missing)} not found; install iproute2"
-    if os.geteuid() != 0:
-        return f"creating network namespaces needs root (euid {os.geteuid()})"
-    return ""
-
-
-needs_netns = pytest.mark.skipif(bool(_netns_unavailable()), reason=_netns_unavailable())
-
-PAYLOAD = 2_500_000  # bytes rank 1 sends to rank 0
-
-# Rank 0 listens on MASTER_ADDR:MASTER_PORT and times PAYLOAD bytes from rank 1.
-TCP_SCRIPT = textwrap.dedent(
-    f"""
-    import os, socket, sys, time
-    rank = int(os.environ["RANK"])
-    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    n = {PAYLOAD}
-    if rank == 0:
-        srv = socket.socket()
-        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        srv.bind((addr, port))
-        srv.listen(1)
-        conn, peer = srv.accept()
-        got = 0
-        buf = bytearray(1 << 16)
-        t0 = None
-        while True:
-            k = conn.recv_into(buf)
-            if not k:
-                break
-            if t0 is None:
-                t0 = time.perf_counter()
-            got += k
-        dt = time.perf_counter() - t0
-        conn.sendall(b"ok")
-        conn.close()
-        assert got == n, (got, n)
-        print(f"RECEIVED {{got}} bytes in {{dt:.4f}} s from {{peer[0]}}", flush=True)
-        print(f"BITS_PER_S {{got * 8 / dt:.1f}}", flush=True)
-    else:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                s = socket.create_connection((addr, port), timeout=5)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        s.sendall(b"x" * n)
-        s.shutdown(socket.SHUT_WR)
-        assert s.recv(2) == b"ok"
-        s.close()
-    """
-)
+from tests.comm._netns import REPO, needs_netns, ours, probe
 
 GLOO_SCRIPT = textwrap.dedent(
     """
@@ -103,28 +38,13 @@ GLOO_SCRIPT = textwrap.dedent(
 )
 
 
-def _ours(net: ShapedNetwork) -> tuple[list[str], list[str]]:
-    """Namespaces and links of ``net`` that still exist."""
-    ns_out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    link_out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    ns = [line.split()[0] for line in ns_out.splitlines() if line.startswith(net.prefix)]
-    links = [
-        line.split(":")[1].strip().split("@")[0]
-        for line in link_out.splitlines()
-        if line.split(":")[1].strip().startswith(net.prefix)
-    ]
-    return ns, links
-
-
 def _measure(rate: str) -> float:
+    """Bits/s of one TCP connection from rank 1 to rank 0 over a link capped at ``rate``."""
     with ShapedNetwork(ranks=2, rate=rate) as net:
-        net.run([sys.executable, "-c", TCP_SCRIPT], timeout=30, echo=False)
-        out = net.outputs[0]
-    assert _ours(net) == ([], [])
-    lines = [line for line in out.splitlines() if line.startswith("BITS_PER_S")]
-    assert lines, out
-    assert f"from {net.addresses[1]}" in out, out  # came over the veth from rank 1's namespace
-    return float(lines[0].split()[1])
+        result = probe(net, connections=1, megabytes=2.5)
+    assert ours(net) == ([], [])
+    assert result["from"] == net.addresses[1]  # came over the veth from rank 1's namespace
+    return float(result["mbit_s"]) * 1e6
 
 
 def test_parse_rate_rejects_garbage():
@@ -164,7 +84,7 @@ def test_failing_rank_is_reported_and_namespaces_removed():
     t0 = time.monotonic()
     with pytest.raises(RankFailedError) as info:
         with net:
-            assert sorted(_ours(net)[0]) == sorted(net.namespaces)
+            assert sorted(ours(net)[0]) == sorted(net.namespaces)
             net.run([sys.executable, "-c", script], timeout=30, echo=False)
     assert time.monotonic() - t0 < 20  # rank 0 was killed, not waited for
     err = info.value
@@ -174,7 +94,7 @@ def test_failing_rank_is_reported_and_namespaces_removed():
     assert "[rank 1] rank one is about to fail" in str(err)
     assert "rank one is about to fail" in err.output
     assert err.returncodes[0] != 0  # rank 0 was killed
-    assert _ours(net) == ([], [])
+    assert ours(net) == ([], [])
 
 
 @needs_netns
@@ -200,7 +120,7 @@ def test_hanging_rank_times_out_and_is_killed(tmp_path):
     pid = int(pidfile.read_text())
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
-    assert _ours(net) == ([], [])
+    assert ours(net) == ([], [])
 
 
 @needs_netns
@@ -214,16 +134,21 @@ def test_gloo_allreduce_across_namespaces():
         assert rcs == [0, 0]
         assert "ALLREDUCE_OK rank=0 sum=3.0" in net.outputs[0], net.outputs[0]
         assert "ALLREDUCE_OK rank=1 sum=3.0" in net.outputs[1], net.outputs[1]
-    assert _ours(net) == ([], [])
+    assert ours(net) == ([], [])
 
 
 @needs_netns
 @pytest.mark.timeout(60)
-def test_cli_streams_rank0_and_propagates_exit_code():
+def test_cli_streams_rank0_and_propagates_exit_code(tmp_path):
+    printed = tmp_path / "rank0-printed"  # rank 2 fails only after rank 0 printed (loaded CI)
     script = (
-        "import os, sys\n"
+        "import os, sys, time\n"
         "r = os.environ['RANK']\n"
         "print('hello from rank', r, os.environ['MASTER_ADDR'], flush=True)\n"
+        f"if r == '0': open({str(printed)!r}, 'w').close()\n"
+        "deadline = time.monotonic() + 20\n"
+        f"while r == '2' and not os.path.exists({str(printed)!r}) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
         "sys.exit(5 if r == '2' else 0)\n"
     )
     proc = subprocess.Popen(
