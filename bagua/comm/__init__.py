@@ -17,14 +17,12 @@ from .collectives import (
     Handle,
     ReduceOp,
     allgather,
-    allgather_object,
     allreduce,
     alltoall,
     as_reduce_op,
     alltoall_v,
     barrier,
     broadcast,
-    broadcast_object,
     gather,
     recv,
     reduce,
@@ -35,6 +33,7 @@ from .collectives import (
 from .compressed import compressed_allreduce
 from .compression import BF16, CODEC_NAMES, FP16, Codec, MinMaxUInt8, Payload, get_codec
 from .engine import Engine, EngineError
+from .objects import allgather_object, broadcast_object
 from .process_group import (
     BaguaProcessGroup,
     NodeGroups,

@@ -149,11 +149,12 @@ def check_agreement(
     op: int = -1,
     root: int = -1,
     splits: Sequence[int] = (),
-) -> None:
+) -> list[list[int]]:
     """Compare this call's signature with every rank's; raise the same ValueError everywhere on a mismatch.
 
     ``splits`` (alltoall_v only) is ``input_splits + output_splits``; ``root`` carries the
-    src/dst rank, or for a compressed allreduce a fingerprint of the codec.
+    src/dst rank, or for a compressed allreduce a fingerprint of the codec. Returns every
+    rank's ``splits``, in group order.
     """
     width = _HEADER + 2 * pg.size
     row = _row(kind, tensor, op, root, splits, width)
@@ -165,3 +166,4 @@ def check_agreement(
     problem = _explain(rows, pg)
     if problem:
         raise ValueError(f"{what}: {problem}. Every rank must make the same call with matching tensors.")
+    return [row[_HEADER:_HEADER + len(splits)] for row in rows]

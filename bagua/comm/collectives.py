@@ -3,6 +3,8 @@
 Every function takes ``group`` (default: all ranks) and ``async_op``. With
 ``async_op=True`` it returns a :class:`Handle`; ``handle.wait()`` blocks until the
 operation is done and returns its result. Ranks (``src``, ``dst``) are global ranks.
+Large messages on a group with stripes (``init_process_group(streams=K)``) are cut into
+pieces that travel over K connections at once (``stripes.py``); results are laid out alike.
 
 Example::
 
@@ -15,19 +17,20 @@ Example::
 from __future__ import annotations
 
 import enum
-import io
+import math
 from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
 
-from . import checks, traffic
+from . import checks, stripes, traffic
 from ._torch_compat import all_gather_flat, reduce_scatter_flat
 from .process_group import BaguaProcessGroup, _collective_checks_enabled, get_default_group
 
 
 class CollectiveError(RuntimeError):
-    """A collective failed or timed out; the message names the operation and the rank."""
+    """A collective failed or timed out; the message names the operation, the rank, and the
+    stripe when the message was cut over several."""
 
 
 class ReduceOp(enum.Enum):
@@ -138,12 +141,13 @@ def _prepare(
     root: int = -1,
     splits: Sequence[int] = (),
     kind: Optional[str] = None,
+    agree: bool = True,
 ) -> tuple[str, BaguaProcessGroup]:
-    """Validate locally and (if enabled) across ranks; return the op's description and group."""
+    """Validate locally and (if enabled, and ``agree``) across ranks; return the op's description and group."""
     pg = _group(group)
     what = f"bagua.comm.{name}({checks.describe(tensor) if isinstance(tensor, torch.Tensor) else '?'})"
     checks.check_tensor(what, tensor, pg)
-    if pg.size > 1 and _collective_checks_enabled() and not checks.is_trusted():
+    if agree and pg.size > 1 and _collective_checks_enabled() and not checks.is_trusted():
         with _named_errors(what):
             checks.check_agreement(what, kind or name, tensor, pg, op=op, root=root, splits=splits)
     return what, pg
@@ -206,7 +210,13 @@ def allreduce(
     torch_op, divisor = _torch_reduce(op, pg)
     traffic.record("allreduce", 2 * traffic.ring_fraction(pg.size) * tensor.nbytes)
     finish = _divide_in_place(tensor, divisor) if divisor else None
-    return _run(what, lambda: dist.all_reduce(tensor, torch_op, group=pg.group, async_op=True), finish, async_op)
+    flat = tensor.view(-1)
+    return _run(
+        what,
+        lambda: stripes.launch(pg, tensor, lambda g, part: dist.all_reduce(flat[part], torch_op, group=g, async_op=True)),
+        finish,
+        async_op,
+    )
 
 
 def allgather(
@@ -225,9 +235,14 @@ def allgather(
     if pg.size == 1:
         return _done(what, output.copy_(input), async_op)
     traffic.record("allgather", (pg.size - 1) * input.nbytes)
+    flat, rows = input.view(-1), output.view(pg.size, input.numel())  # rows[r]: rank r's input
     return _run(
         what,
-        lambda: all_gather_flat(output, input, group=pg.group, async_op=True),
+        lambda: stripes.launch(
+            pg, input,
+            lambda g, part: dist.all_gather([row[part] for row in rows], flat[part], group=g, async_op=True),
+            whole=lambda: all_gather_flat(output, input, group=pg.group, async_op=True),
+        ),
         lambda: output,
         async_op,
     )
@@ -255,6 +270,11 @@ def alltoall(
     if pg.size == 1:
         return _done(what, output.copy_(input), async_op)
     traffic.record("alltoall", traffic.ring_fraction(pg.size) * input.nbytes)
+    count = stripes.stripe_count(pg, input.nbytes, input.device.type)
+    if count > 1:
+        parts = input.numel() // pg.size
+        outputs, inputs = list(output.view(pg.size, parts)), list(input.view(pg.size, parts))
+        return _run(what, lambda: stripes.launch_alltoall(pg, outputs, inputs, count), lambda: output, async_op)
     return _run(
         what,
         lambda: dist.all_to_all_single(output, input, group=pg.group, async_op=True),
@@ -285,12 +305,24 @@ def alltoall_v(
     checks.check_tensor(name, input, pg, "input")
     if input.dim() == 0 or sum(ins) != input.shape[0]:
         raise ValueError(f"{name}: input_splits sum to {sum(ins)} but input has {input.shape[0] if input.dim() else 0} rows")
-    what, pg = _prepare("alltoall_v", input, group, splits=ins + outs)
+    striped = stripes.can_stripe(pg, input.device.type)
+    what, pg = _prepare("alltoall_v", input, group, splits=ins + outs, agree=not striped)
     output = input.new_empty((sum(outs), *input.shape[1:]))
     if pg.size == 1:
         return _done(what, output.copy_(input), async_op)
-    row_bytes = input[:1].nbytes if input.shape[0] else 0
-    traffic.record("alltoall_v", (sum(ins) - ins[pg.rank]) * row_bytes)
+    row_elems = math.prod(input.shape[1:])
+    traffic.record("alltoall_v", (sum(ins) - ins[pg.rank]) * row_elems * input.element_size())
+    if striped:
+        # The stripe count must be the same everywhere: size it by the largest input of any rank,
+        # from the agreement table (gathered once per call, also when checks are off).
+        with _named_errors(what):
+            everyone = checks.check_agreement(what, "alltoall_v", input, pg, splits=ins + outs)
+        largest = max(sum(splits[:pg.size]) for splits in everyone) * row_elems * input.element_size()
+        count = stripes.stripe_count(pg, largest, input.device.type)
+        if count > 1:
+            outputs = output.view(-1).split([n * row_elems for n in outs])
+            inputs = input.view(-1).split([n * row_elems for n in ins])
+            return _run(what, lambda: stripes.launch_alltoall(pg, outputs, inputs, count), lambda: output, async_op)
     return _run(
         what,
         lambda: dist.all_to_all_single(output, input, outs, ins, group=pg.group, async_op=True),
@@ -338,9 +370,15 @@ def reduce_scatter(
         result = output[:mine]
         return result.div_(divisor) if divisor else result
 
+    flat, parts = output.view(-1), padded.view(w, output.numel())  # parts[r]: what rank r reduces
     return _run(
         what,
-        lambda: reduce_scatter_flat(output, padded, torch_op, group=pg.group, async_op=True),
+        lambda: stripes.launch(
+            pg, padded,
+            lambda g, part: dist.reduce_scatter(flat[part], [p[part] for p in parts], torch_op, group=g, async_op=True),
+            whole=lambda: reduce_scatter_flat(output, padded, torch_op, group=pg.group, async_op=True),
+            numel=flat.numel(),
+        ),
         finish,
         async_op,
     )
@@ -361,7 +399,13 @@ def broadcast(
     if pg.size == 1:
         return _done(what, None, async_op)
     traffic.record("broadcast", tensor.nbytes if dist.get_rank() == src else 0)
-    return _run(what, lambda: dist.broadcast(tensor, src, group=pg.group, async_op=True), None, async_op)
+    flat = tensor.view(-1)
+    return _run(
+        what,
+        lambda: stripes.launch(pg, tensor, lambda g, part: dist.broadcast(flat[part], src, group=g, async_op=True)),
+        None,
+        async_op,
+    )
 
 
 def reduce(
@@ -392,7 +436,13 @@ def reduce(
     work_tensor = tensor if is_dst else tensor.clone()
     traffic.record("reduce", 0 if is_dst else tensor.nbytes)
     finish = _divide_in_place(tensor, divisor) if (divisor and is_dst) else None
-    return _run(what, lambda: dist.reduce(work_tensor, dst, torch_op, group=pg.group, async_op=True), finish, async_op)
+    flat = work_tensor.view(-1)
+    return _run(
+        what,
+        lambda: stripes.launch(pg, tensor, lambda g, part: dist.reduce(flat[part], dst, torch_op, group=g, async_op=True)),
+        finish,
+        async_op,
+    )
 
 
 def gather(
@@ -413,11 +463,15 @@ def gather(
     output = input.new_empty((pg.size * input.shape[0], *input.shape[1:])) if is_dst else None
     if pg.size == 1:
         return _done(what, output.copy_(input), async_op)
-    parts = list(output.chunk(pg.size)) if is_dst else None
+    rows = output.view(pg.size, input.numel()) if is_dst else None  # rows[r]: rank r's input
     traffic.record("gather", 0 if is_dst else input.nbytes)
+    flat = input.view(-1)
     return _run(
         what,
-        lambda: dist.gather(input, parts, dst=dst, group=pg.group, async_op=True),
+        lambda: stripes.launch(
+            pg, input,
+            lambda g, part: dist.gather(flat[part], [row[part] for row in rows] if is_dst else None, dst=dst, group=g, async_op=True),
+        ),
         lambda: output,
         async_op,
     )
@@ -443,11 +497,16 @@ def scatter(
     if pg.size == 1:
         return _done(what, output.copy_(input), async_op)
     is_src = dist.get_rank() == src
-    parts = list(input.chunk(pg.size)) if is_src else None
+    rows = input.view(pg.size, output.numel())  # rows[j]: what rank j gets
     traffic.record("scatter", traffic.ring_fraction(pg.size) * input.nbytes if is_src else 0)
+    flat = output.view(-1)
     return _run(
         what,
-        lambda: dist.scatter(output, parts, src=src, group=pg.group, async_op=True),
+        lambda: stripes.launch(
+            pg, input,
+            lambda g, part: dist.scatter(flat[part], [row[part] for row in rows] if is_src else None, src=src, group=g, async_op=True),
+            numel=flat.numel(),
+        ),
         lambda: output,
         async_op,
     )
@@ -483,7 +542,8 @@ def send(
     what = f"bagua.comm.send({checks.describe(tensor) if isinstance(tensor, torch.Tensor) else '?'} to {dst})"
     pg = _point_to_point_group(what, tensor, group, dst, "dst")
     traffic.record("send", tensor.nbytes)
-    return _run(what, lambda: dist.isend(tensor, dst, group=pg.group), None, async_op)
+    flat = tensor.view(-1)
+    return _run(what, lambda: stripes.launch(pg, tensor, lambda g, part: dist.isend(flat[part], dst, group=g)), None, async_op)
 
 
 def recv(
@@ -497,60 +557,8 @@ def recv(
     """
     what = f"bagua.comm.recv({checks.describe(tensor) if isinstance(tensor, torch.Tensor) else '?'} from {src})"
     pg = _point_to_point_group(what, tensor, group, src, "src")
-    return _run(what, lambda: dist.irecv(tensor, src, group=pg.group), None, async_op)
-
-
-def broadcast_object(obj: Any, src: int = 0, group: Optional[BaguaProcessGroup] = None) -> Any:
-    """``src``'s ``obj`` on every rank (anything ``torch.save`` can write: tensors come back on
-    the CPU). Every rank calls it; ``obj`` is read on ``src`` only.
-
-    Example::
-
-        state = bagua.comm.broadcast_object(opt.state_dict() if rank == 0 else None, src=0)
-    """
-    pg = _group(group)
-    checks.check_root("bagua.comm.broadcast_object", src, pg, "src")
-    if pg.size == 1:
-        return obj
-    if dist.get_rank() == src:
-        payload = _serialized(obj)
-        size = torch.tensor([payload.numel()], dtype=torch.int64)
-    else:
-        size = torch.zeros(1, dtype=torch.int64)
-    broadcast(size, src=src, group=pg)
-    if dist.get_rank() != src:
-        payload = torch.empty(int(size), dtype=torch.uint8)
-    broadcast(payload, src=src, group=pg)
-    return obj if dist.get_rank() == src else _deserialized(payload)
-
-
-def allgather_object(obj: Any, group: Optional[BaguaProcessGroup] = None) -> list[Any]:
-    """Every rank's ``obj``, in rank order, on every rank (anything ``torch.save`` can write;
-    tensors come back on the CPU). Every rank calls it.
-
-    Example::
-
-        states = bagua.comm.allgather_object(torch.get_rng_state())   # one per rank
-    """
-    pg = _group(group)
-    if pg.size == 1:
-        return [obj]
-    payload = _serialized(obj)
-    sizes = allgather(torch.tensor([payload.numel()], dtype=torch.int64), group=pg)
-    padded = torch.zeros(int(sizes.max()), dtype=torch.uint8)
-    padded[: payload.numel()] = payload
-    gathered = allgather(padded, group=pg).view(pg.size, -1)
-    return [_deserialized(row[: int(n)]) for row, n in zip(gathered, sizes)]
-
-
-def _serialized(obj: Any) -> torch.Tensor:
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
-
-
-def _deserialized(payload: torch.Tensor) -> Any:
-    return torch.load(io.BytesIO(payload.numpy().tobytes()), map_location="cpu", weights_only=False)
+    flat = tensor.view(-1)  # cut as the sender cuts a tensor of this size
+    return _run(what, lambda: stripes.launch(pg, tensor, lambda g, part: dist.irecv(flat[part], src, group=g)), None, async_op)
 
 
 def barrier(group: Optional[BaguaProcessGroup] = None, async_op: bool = False) -> Optional[Handle]:

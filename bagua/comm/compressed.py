@@ -12,7 +12,9 @@ and encoded); both exchanges are tagged point-to-point messages of at most 512 K
 receive is posted before the first send (see ``_Segment``). With Gloo's own alltoall and allgather a 16 MB fp16
 allreduce over a 100 Mbit/s link took 1.42 s, as if the link were half-duplex; posted in
 pieces 0.85 s; MinMaxUInt8, pieces and segments: 0.43 s against 1.41 s for fp32
-(benchmarks/RESULTS.md; ``benchmarks/p2p_pieces.py`` times piece sizes).
+(benchmarks/RESULTS.md; ``benchmarks/p2p_pieces.py`` times piece sizes). On a group with
+stripes (``streams=K``) segment ``k`` travels on stripe ``k % s``, ``s`` being the stripe count
+of the tensor's size (``stripes.py``); the segments, and so the result, are the same for any K.
 
 NaN or Inf on any rank travels through the encoding as a marker (MinMaxUInt8: a NaN min/max,
 which the codec computes anyway), so every rank decodes the same non-finite values. By default
@@ -33,7 +35,7 @@ from typing import Callable, Optional, Union
 import torch
 import torch.distributed as dist
 
-from . import traffic
+from . import stripes, traffic
 from .collectives import Handle, ReduceOp, _named_errors, _op_code, _prepare, _run, _done, as_reduce_op
 from .compression import Codec, Payload, get_codec
 from .process_group import BaguaProcessGroup
@@ -51,16 +53,19 @@ _SEGMENT_ELEMS = 1 << 20
 
 class _Requests:
     """Point-to-point requests in flight, finished together. ``wait()`` may be called again:
-    Gloo's own send work must be waited on once only (a second wait blocks)."""
+    Gloo's own send work must be waited on once only (a second wait blocks). A failure names
+    ``where`` they travel (a stripe), if given."""
 
-    def __init__(self, works: list):
+    def __init__(self, works: list, where: str = ""):
         self.works = works
+        self.where = where
         self.done = False
 
     def wait(self) -> None:
         if not self.done:
-            for work in self.works:
-                work.wait()
+            with stripes.named_stripe(self.where):
+                for work in self.works:
+                    work.wait()
             self.done = True
 
     def is_completed(self) -> bool:
@@ -72,15 +77,17 @@ def _pieces(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return torch.split(tensor, per_piece)
 
 
-def _post(post: Callable, buffer: torch.Tensor, peer: int, pg: BaguaProcessGroup, tag: int) -> list:
+def _post(post: Callable, buffer: torch.Tensor, peer: int, group: Optional[dist.ProcessGroup], tag: int) -> list:
     """``post`` (``dist.isend`` or ``dist.irecv``) ``buffer`` to/from global rank ``peer`` in
-    pieces, under message ``tag``; returns the works."""
-    return [post(piece, peer, group=pg.group, tag=tag) for piece in _pieces(buffer)]
+    pieces over torch group ``group``, under message ``tag``; returns the works."""
+    return [post(piece, peer, group=group, tag=tag) for piece in _pieces(buffer)]
 
 
-def _post_all(post: Callable, buffer_for: Callable[[int], torch.Tensor], pg: BaguaProcessGroup, tag: int) -> list:
-    """``_post`` ``buffer_for(j)`` for every other member ``j`` of ``pg`` (group rank)."""
-    return [work for j, peer in enumerate(pg.ranks) if j != pg.rank for work in _post(post, buffer_for(j), peer, pg, tag)]
+def _post_all(
+    post: Callable, buffer_for: Callable[[int], torch.Tensor], pg: BaguaProcessGroup, group: Optional[dist.ProcessGroup], tag: int
+) -> list:
+    """``_post`` ``buffer_for(j)`` for every other member ``j`` of ``pg`` (group rank), over ``group``."""
+    return [work for j, peer in enumerate(pg.ranks) if j != pg.rank for work in _post(post, buffer_for(j), peer, group, tag)]
 
 
 def _decode_rows(codec: Codec, wire: torch.Tensor, rows: int, chunk: int, out: torch.Tensor) -> torch.Tensor:
@@ -132,7 +139,12 @@ def compressed_allreduce(
     flat = tensor.reshape(-1)
     # Segments are reduced independently and pipelined: while one segment's results travel,
     # the next one's are decoded, reduced and encoded, and the link never idles between phases.
-    segments = [_Segment(part, codec, pg, tag=2 * k) for k, part in enumerate(torch.split(flat, _SEGMENT_ELEMS))]
+    count = stripes.stripe_count(pg, tensor.nbytes, tensor.device.type)
+    groups = stripes.stripe_groups(pg, count)
+    segments = [
+        _Segment(part, codec, pg, tag=2 * k, group=groups[k % count], where=stripes.stripe_label(k % count, count))
+        for k, part in enumerate(torch.split(flat, _SEGMENT_ELEMS))
+    ]
     for seg in segments:
         seg.send_chunks()
     traffic.record("compressed_allreduce", sum(2 * (w - 1) * seg.send[0].nbytes for seg in segments))
@@ -173,11 +185,14 @@ class _Segment:
     link it arrives late and the sender idles. So every receive of both phases is posted first
     (``__init__``); then ``send_chunks`` encodes the chunks and sends each to its rank (phase 1),
     ``reduce_and_share`` reduces this rank's chunk and sends the result to every rank
-    (phase 2), and ``result`` decodes all of them."""
+    (phase 2), and ``result`` decodes all of them. Its messages travel over torch group
+    ``group`` (one of ``pg``'s stripes), which ``where`` names in errors."""
 
-    def __init__(self, part: torch.Tensor, codec: Codec, pg: BaguaProcessGroup, tag: int):
+    def __init__(
+        self, part: torch.Tensor, codec: Codec, pg: BaguaProcessGroup, tag: int, group: Optional[dist.ProcessGroup], where: str
+    ):
         w, n = pg.size, part.numel()
-        self.codec, self.pg, self.n, self.tag = codec, pg, n, tag
+        self.codec, self.pg, self.n, self.tag, self.group = codec, pg, n, tag, group
         self.chunk = -(-n // w)
         if n < w * self.chunk:  # repeat the last value: padding never widens a chunk's range
             part = torch.cat([part, part[-1:].expand(w * self.chunk - n)])
@@ -186,15 +201,15 @@ class _Segment:
         self.send = torch.empty((w, wire_len), dtype=codec.wire_dtype, device=part.device)
         self.received = torch.empty_like(self.send)
         self.gathered = torch.empty_like(self.send)
-        self.phase1 = _Requests(_post_all(dist.irecv, lambda j: self.received[j], pg, tag))
-        self.phase2 = _Requests(_post_all(dist.irecv, lambda j: self.gathered[j], pg, tag + 1))
+        self.phase1 = _Requests(_post_all(dist.irecv, lambda j: self.received[j], pg, group, tag), where)
+        self.phase2 = _Requests(_post_all(dist.irecv, lambda j: self.gathered[j], pg, group, tag + 1), where)
 
     def send_chunks(self) -> None:
         rank = self.pg.rank
         for j in [j for j in range(self.pg.size) if j != rank] + [rank]:  # what leaves first is encoded first
             self.send[j].copy_(self.codec.encode(self.rows[j], check_finite=False).data)
             if j != rank:
-                self.phase1.works += _post(dist.isend, self.send[j], self.pg.ranks[j], self.pg, self.tag)
+                self.phase1.works += _post(dist.isend, self.send[j], self.pg.ranks[j], self.group, self.tag)
         self.received[rank].copy_(self.send[rank])
 
     def reduce_and_share(self, reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -204,7 +219,7 @@ class _Segment:
         reduced = reduce(_decode_rows(self.codec, self.received, w, self.chunk, self.parts))
         mine = self.codec.encode(reduced, check_finite=False).data.contiguous()
         self.gathered[self.pg.rank].copy_(mine)
-        self.phase2.works += _post_all(dist.isend, lambda _: mine, self.pg, self.tag + 1)
+        self.phase2.works += _post_all(dist.isend, lambda _: mine, self.pg, self.group, self.tag + 1)
 
     def result(self) -> torch.Tensor:
         self.phase2.wait()

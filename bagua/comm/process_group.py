@@ -9,6 +9,9 @@ LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and builds, on top of
 - one inter-node group per local rank (rank ``l`` of every node); the one of local
   rank 0 links the node leaders.
 
+With ``streams=K`` each of them (and each ``new_group``) also gets K-1 extra torch groups over
+the same ranks, its stripes, over which large collectives spread (see ``stripes.py``).
+
 Ranks are assumed laid out as torchrun lays them out: node ``n`` holds ranks
 ``n * LOCAL_WORLD_SIZE ... (n + 1) * LOCAL_WORLD_SIZE - 1``.
 
@@ -28,12 +31,13 @@ import logging
 import os
 import socket
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
 
+from . import stripes as _stripes
 from .attempt import torchrun_attempt_store
 
 logger = logging.getLogger(__name__)
@@ -51,11 +55,15 @@ class BaguaProcessGroup:
 
     ``ranks`` are global ranks in group order; ``group`` is the torch group handle
     (``None`` stands for torch's default group). ``backend`` names what moves the bytes.
+    ``stripes`` are the extra torch groups over the same ranks that large collectives spread
+    over (``streams=K``: K-1 of them), in pieces of at least ``min_chunk`` bytes.
     """
 
     ranks: tuple[int, ...]
     group: Optional[dist.ProcessGroup]
     backend: str
+    stripes: tuple[dist.ProcessGroup, ...] = field(default=(), compare=False, repr=False)
+    min_chunk: int = field(default=_stripes.DEFAULT_MIN_CHUNK_BYTES, compare=False, repr=False)
 
     @property
     def size(self) -> int:
@@ -92,6 +100,8 @@ class _State:
     local_rank: int
     local_size: int
     check_collectives: bool
+    streams: int
+    min_chunk: int
 
 
 _state: Optional[_State] = None
@@ -154,6 +164,7 @@ def init_process_group(
     master_addr: Optional[str] = None,
     master_port: Optional[int] = None,
     store: Optional[dist.Store] = None,
+    streams: Optional[int] = None,
 ) -> None:
     """Join the job described by torchrun's environment (or by the arguments) and build Bagua's groups.
 
@@ -166,6 +177,14 @@ def init_process_group(
             roots across ranks and raise a clear error on a mismatch (one small extra
             message per call). Default: the env ``BAGUA_CHECK_COLLECTIVES`` (``1``/``0``),
             else on.
+        streams: K, the connections each group spreads a large collective over (Bagua-Net's
+            ``BAGUA_NET_NSTREAMS``, read when not given; default 1: one connection, no extra
+            group). Every group gets K-1 extra torch groups over its ranks, and a collective on
+            ``n`` bytes is cut into ``min(K, n // BAGUA_NET_MIN_CHUNKSIZE)`` pieces (default
+            1 MiB), each on its own group: faster where each TCP flow is capped below the link
+            (clouds). Gloo tensors only; for NCCL it sets ``NCCL_SOCKET_NTHREADS`` and
+            ``NCCL_NSOCKS_PERTHREAD`` (K sockets per connection) unless either is set, which
+            matters only when NCCL runs over sockets (no InfiniBand/RoCE).
 
     The job's layout comes from torchrun's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
     ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``); a launcher that knows it otherwise
@@ -181,6 +200,7 @@ def init_process_group(
         bagua.init_process_group(backend="gloo", timeout=datetime.timedelta(seconds=30))
         bagua.init_process_group(rank=1, world_size=2, master_addr="10.0.0.1", master_port=29500)
         bagua.init_process_group(rank=1, world_size=2, store=torch.distributed.FileStore("/shared/rdzv", 2))
+        bagua.init_process_group(streams=4)              # large collectives over 4 connections per peer
     """
     global _state
     if _state is not None:
@@ -189,6 +209,8 @@ def init_process_group(
         raise TypeError(f"timeout must be a datetime.timedelta, got {type(timeout).__name__}")
     if store is not None:
         _check_store_arguments(store, rank, world_size, master_addr is not None or master_port is not None)
+    streams = _stripes.streams_setting(streams)
+    min_chunk = _stripes.min_chunk_setting()
 
     world_size = _given_or_env("world_size", world_size, "WORLD_SIZE", 1)
     rank = _given_or_env("rank", rank, "RANK", 0 if world_size == 1 else None)
@@ -227,6 +249,8 @@ def init_process_group(
     backend = backend or _default_backend()
     if "nccl" in backend and torch.cuda.is_available():
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
+    if "nccl" in backend:
+        _give_nccl_sockets(streams)
     if not dist.is_initialized():
         _import_dynamo_first()
         if store is None:
@@ -239,32 +263,52 @@ def init_process_group(
 
     num_nodes = world_size // local_size
     node = rank // local_size
-    global_group = BaguaProcessGroup(tuple(range(world_size)), None, backend_name)
 
+    def job_group(ranks: list[int], group: Optional[dist.ProcessGroup]) -> BaguaProcessGroup:
+        # Every rank takes part in creating every group and its stripes, in the same order.
+        extra = tuple(dist.new_group(ranks, timeout=timeout) for _ in range(streams - 1)) if len(ranks) > 1 else ()
+        return BaguaProcessGroup(tuple(ranks), group, backend_name, extra, min_chunk)
+
+    global_group = job_group(list(range(world_size)), None)
     if num_nodes == 1:
         intra = global_group
         inter = BaguaProcessGroup((rank,), None, backend_name)  # a group of one: no traffic
     else:
-        # Every rank takes part in creating every group, in the same order.
         for n in range(num_nodes):
             ranks = list(range(n * local_size, (n + 1) * local_size))
-            g = BaguaProcessGroup(tuple(ranks), dist.new_group(ranks, timeout=timeout), backend_name)
+            g = job_group(ranks, dist.new_group(ranks, timeout=timeout))
             if n == node:
                 intra = g
         for l in range(local_size):
             ranks = [n * local_size + l for n in range(num_nodes)]
-            g = BaguaProcessGroup(tuple(ranks), dist.new_group(ranks, timeout=timeout), backend_name)
+            g = job_group(ranks, dist.new_group(ranks, timeout=timeout))
             if l == local_rank:
                 inter = g
-    _state = _State(global_group, intra, inter, local_rank, local_size, bool(check_collectives))
+    _state = _State(global_group, intra, inter, local_rank, local_size, bool(check_collectives), streams, min_chunk)
     global _exit_handler_registered
     if not _exit_handler_registered:
         atexit.register(_destroy_at_exit)
         _exit_handler_registered = True
     logger.info(
-        "bagua: rank %d/%d (local %d/%d, node %d/%d), backend %s",
-        rank, world_size, local_rank, local_size, node, num_nodes, backend_name,
+        "bagua: rank %d/%d (local %d/%d, node %d/%d), backend %s, %d stream(s)",
+        rank, world_size, local_rank, local_size, node, num_nodes, backend_name, streams,
     )
+
+
+def _give_nccl_sockets(streams: int) -> None:
+    """Before the first NCCL communicator: K sockets per NCCL connection, unless the user chose."""
+    chosen = _stripes.nccl_socket_env(streams)
+    if chosen:
+        logger.info(
+            "bagua: streams=%d: set %s for NCCL (used only when NCCL runs over sockets, not InfiniBand/RoCE)",
+            streams, " ".join(f"{k}={v}" for k, v in chosen.items()),
+        )
+    elif streams > 1:
+        logger.info(
+            "bagua: streams=%d: NCCL's sockets per connection left as the user set them (%s=%s, %s=%s)", streams,
+            _stripes.NCCL_THREADS_ENV, os.environ.get(_stripes.NCCL_THREADS_ENV, "unset"),
+            _stripes.NCCL_SOCKETS_ENV, os.environ.get(_stripes.NCCL_SOCKETS_ENV, "unset"),
+        )
 
 
 def _check_store_arguments(
@@ -389,7 +433,8 @@ def new_group(ranks: list[int]) -> BaguaProcessGroup:
     """A new communicator over the given global ranks. Every rank in ``ranks`` must call it,
     with the same list, in the same order relative to its other ``new_group`` calls; other
     ranks need not call it. Group ranks follow the global ranks' order (as torch numbers
-    them), whatever order ``ranks`` lists them in.
+    them), whatever order ``ranks`` lists them in. With ``streams=K`` it comes with K-1
+    stripes of its own.
 
     Example::
 
@@ -407,9 +452,17 @@ def new_group(ranks: list[int]) -> BaguaProcessGroup:
         key = tuple(ranks)
         serial = _groups_made.get(key, 0)
         _groups_made[key] = serial + 1
-        name = "bagua-" + hashlib.sha1(f"{key}/{serial}".encode()).hexdigest()
-        group = _new_torch_group(ranks, name)
-    return BaguaProcessGroup(tuple(ranks), group, state.global_group.backend)
+        group = _new_torch_group(ranks, _group_name(key, serial))
+        stripe_count = state.streams if len(ranks) > 1 else 1
+        extra = tuple(_new_torch_group(ranks, _group_name(key, serial, i)) for i in range(1, stripe_count))
+    return BaguaProcessGroup(tuple(ranks), group, state.global_group.backend, extra, state.min_chunk)
+
+
+def _group_name(ranks: tuple[int, ...], serial: int, stripe: int = 0) -> str:
+    """The torch name of stripe ``stripe`` of the ``serial``-th ``new_group`` over ``ranks``
+    (stripe 0: the group itself)."""
+    label = f"{ranks}/{serial}" + (f"/stripe{stripe}" if stripe else "")
+    return "bagua-" + hashlib.sha1(label.encode()).hexdigest()
 
 
 def _new_torch_group(ranks: list[int], name: str) -> dist.ProcessGroup:
@@ -434,7 +487,8 @@ def _new_torch_group(ranks: list[int], name: str) -> dist.ProcessGroup:
 
 def from_torch_group(group: "dist.ProcessGroup") -> BaguaProcessGroup:
     """The ``BaguaProcessGroup`` of a ``torch.distributed`` process group (e.g. one a torch DDP
-    user already made with ``torch.distributed.new_group``).
+    user already made with ``torch.distributed.new_group``). It has no stripes: its ranks made
+    no extra groups together (``new_group`` makes a striped one).
 
     Example::
 
