@@ -42,6 +42,12 @@ Settings (the driver, the default mode, launches one worker job per setting):
 - network: 2 ranks under ``benchmarks/netns.py`` (each rank in its own network namespace behind
   a tbf-capped veth), at 1gbit and 100mbit; a ~10.0M-parameter MLP (1024-1664x4-10, 40 MB);
   the eight variants without the bucket sweep; an "epoch" is 20 steps (2 blocks of 10);
+- per-flow: the same network model and ranks where each TCP connection is capped at
+  ``--per-flow-rates`` (default 100mbit) under a 1gbit aggregate (``netns.py --per-flow-rate``,
+  as clouds cap a single flow), once with bagua's ``streams=1`` and once with ``streams=8``
+  (``--streams``: the collectives striped over that many connections); torch DDP,
+  gradient_allreduce and bytegrad. Key ratio: epoch time at streams=1 / streams=8 (target >= 3x
+  for gradient_allreduce);
 - gpu: one rank, NCCL, CUDA: plain model vs torch DDP vs bagua gradient_allreduce (the wrapper's
   overhead; with one rank bagua skips the collective, torch DDP still calls NCCL). Skipped with
   a message when CUDA is not available.
@@ -258,7 +264,7 @@ def run_worker(args: argparse.Namespace) -> int:
     tcp_cc = cc_path.read_text().strip() if cc_path.exists() else "?"
     if args.tcp_cc and tcp_cc != args.tcp_cc:
         raise SystemExit(f"--tcp-cc {args.tcp_cc}: the namespace still uses {tcp_cc} (not allowed there?)")
-    bagua.init_process_group()
+    bagua.init_process_group(**({"streams": args.job_streams} if args.job_streams else {}))
     rank, world = bagua.get_rank(), bagua.get_world_size()
     dims = parse_mlp(args.mlp)
     tx_bytes = tx_bytes_reader()
@@ -368,6 +374,7 @@ def run_worker(args: argparse.Namespace) -> int:
     if rank == 0:
         job = {
             "setting": args.setting, "link": args.link, "rate": args.rate, "world": world,
+            "per_flow_rate": args.per_flow_rate, "streams": args.job_streams or 1,
             "backend": str(dist.get_backend()), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "tcp_cc": tcp_cc,
             "mlp": args.mlp, "params": mlp_params(dims), "batch": args.batch, "block": args.block,
@@ -463,6 +470,9 @@ def format_gpu(job: dict[str, Any]) -> str:
 
 def _title(job: dict[str, Any]) -> str:
     how = "torchrun, Gloo over lo" if job["link"] == "loopback" else f"netns.py, tbf {job['rate']} per veth"
+    if job.get("per_flow_rate"):
+        how = (f"netns.py, {job['per_flow_rate']} per TCP connection under {job['rate']} per veth, "
+               f"bagua streams={job.get('streams', 1)}")
     how += f", TCP {job.get('tcp_cc', '?')}"
     return (f"{job['setting']}: {job['world']} ranks ({how}), MLP {job['mlp']} = {job['params'] / 1e6:.2f}M params, "
             f"batch {job['batch']}/rank, {job['reps']}x{job['block']} timed steps/variant, {job['threads']} thread(s)/rank")
@@ -546,6 +556,18 @@ def key_summary(jobs: list[dict[str, Any]], gpu: Optional[dict[str, Any]]) -> tu
                 key["bytegrad_speedup_100mbit"] = sp
                 ok = "met" if sp >= 3.0 else "NOT met"
                 parts.append(f"100mbit DDP fp32/bytegrad epoch {sp:.2f}x (target >=3x: {ok})")
+    for flow in sorted({j["per_flow_rate"] for j in jobs if j.get("per_flow_rate")}):
+        by_streams = {j["streams"]: j["variants"] for j in jobs if j.get("per_flow_rate") == flow and j["world"] == 2}
+        if 1 not in by_streams:
+            continue
+        for streams in sorted(k for k in by_streams if k > 1):
+            for name in ("gradient_allreduce", "bytegrad"):
+                if name in by_streams[1] and name in by_streams[streams]:
+                    sp = by_streams[1][name]["epoch_s"] / by_streams[streams][name]["epoch_s"]
+                    key[f"{name}_streams{streams}_speedup_{flow}_per_flow"] = sp
+                    target = " (target >=3x: " + ("met" if sp >= 3.0 else "NOT met") + ")" \
+                        if name == "gradient_allreduce" and streams == 8 else ""
+                    parts.append(f"{flow}/flow {name} streams=1/streams={streams} epoch {sp:.2f}x{target}")
     if not any("100mbit" in p for p in parts):
         parts.append("100mbit bytegrad speedup: not measured")
     if gpu is not None:
@@ -569,6 +591,12 @@ _COLORS = {
 }
 
 
+def _tick(job: dict[str, Any]) -> str:
+    if job.get("per_flow_rate"):
+        return f"{job['per_flow_rate']}/flow under {job['rate']}, streams={job['streams']}"
+    return f"{job['rate']}, {job['world']} ranks, TCP {job.get('tcp_cc', '?')}"
+
+
 def plot(jobs: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -578,7 +606,7 @@ def plot(jobs: list[dict[str, Any]], path: Path) -> None:
     net = [j for j in jobs if j["link"] == "netns"]
     if not net:
         return
-    net.sort(key=lambda j: (j["world"], -(j.get("rate_bit") or 0), j["setting"]))
+    net.sort(key=lambda j: (j["world"], bool(j.get("per_flow_rate")), -(j.get("rate_bit") or 0), j["setting"]))
     names = [n for n in NETWORK_VARIANTS if any(n in j["variants"] for j in net)]
     fig, ax = plt.subplots(figsize=(max(8, 2.8 * len(net) + 2), 5.6))
     width = 0.8 / len(names)
@@ -592,7 +620,7 @@ def plot(jobs: list[dict[str, Any]], path: Path) -> None:
         for b, y in zip(bars, ys):
             ax.text(b.get_x() + b.get_width() / 2, y, f"{y:.0f}" if y >= 10 else f"{y:.1f}",
                     ha="center", va="bottom", fontsize=6)
-    ax.set_xticks(range(len(net)), [f"{j['rate']}, {j['world']} ranks, TCP {j.get('tcp_cc', '?')}" for j in net])
+    ax.set_xticks(range(len(net)), [_tick(j) for j in net])
     ax.set_ylabel(f"epoch time, s ({net[0]['reps'] * net[0]['block']} steps)")
     ax.set_yscale("log")
     ax.set_title(f"Epoch time per algorithm vs bandwidth (lower is better)\nMLP {net[0]['params'] / 1e6:.1f}M "
@@ -624,6 +652,24 @@ def _worker_args(setting: str, link: str, rate: Optional[str], mlp: str, batch: 
     return out
 
 
+def _per_flow_plans(args: argparse.Namespace, py: str) -> list[tuple[str, int, list[str]]]:
+    """(setting, world, command) of the per-connection-capped settings: each per-flow rate under
+    --per-flow-under, once per --streams value, the streams values alternating."""
+    plans = []
+    for world in args.netns_ranks:
+        for flow in args.per_flow_rates:
+            for streams in args.streams:
+                setting = f"{flow}-per-flow-streams{streams}"
+                worker = _worker_args(setting, "netns", args.per_flow_under, args.net_mlp, args.net_batch,
+                                      args.net_reps, args.net_block, args.net_warmup,
+                                      args.per_flow_variants, args)
+                worker += ["--job-streams", str(streams), "--per-flow-rate", flow]
+                cmd = [py, str(HERE / "netns.py"), "--ranks", str(world), "--rate", args.per_flow_under,
+                       "--per-flow-rate", flow, "--timeout", str(args.timeout), "--", py, *worker]
+                plans.append((setting, world, cmd))
+    return plans
+
+
 def run_driver(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="ddp-bench: %(levelname)s %(message)s")
     py = sys.executable
@@ -638,7 +684,7 @@ def run_driver(args: argparse.Namespace) -> int:
         print(f"\n### loopback x{args.loopback_ranks}", flush=True)
         job = run_job(cmd, args.timeout, JSON_TAG, logger)
         (jobs.append(job) if job else failed.append("loopback"))
-    if "network" in args.parts and args.rates:
+    if "network" in args.parts and (args.rates or args.per_flow_rates):
         netns = import_netns()
         try:
             netns.check_requirements()
@@ -647,7 +693,7 @@ def run_driver(args: argparse.Namespace) -> int:
             problem = str(e)
         if problem:
             logger.warning("skipping the bandwidth-capped settings %s: %s", " ".join(args.rates), problem)
-            failed += [f"{r} (skipped: {problem})" for r in args.rates]
+            failed += [f"{r} (skipped: {problem})" for r in args.rates + args.per_flow_rates]
         else:
             for world in args.netns_ranks:
                 for rate in args.rates:
@@ -664,6 +710,14 @@ def run_driver(args: argparse.Namespace) -> int:
                         continue
                     job["rate_bit"] = netns.parse_rate(rate)
                     jobs.append(job)
+            for setting, world, cmd in _per_flow_plans(args, py):
+                print(f"\n### {setting} x{world} ({time.monotonic() - t0:.0f}s elapsed)", flush=True)
+                job = run_job(cmd, args.timeout + 60, JSON_TAG, logger)
+                if job is None:
+                    failed.append(f"{setting} x{world}")
+                    continue
+                job["rate_bit"] = netns.parse_rate(args.per_flow_under)
+                jobs.append(job)
     if "gpu" in args.parts:
         print("\n### gpu", flush=True)
         gpu = run_gpu(args)  # in this process: one rank, no launcher
@@ -730,6 +784,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--net-warmup", type=int, default=1, help="network untimed steps per variant (default 1)")
     p.add_argument("--net-variants", nargs="+", choices=ALL_VARIANTS + BUFFER_VARIANTS, default=None,
                    help="network variants (default the eight without the bucket sweep)")
+    p.add_argument("--per-flow-rates", nargs="*", default=["100mbit"],
+                   help="per-TCP-connection caps, each a setting under --per-flow-under (default 100mbit; none: skip)")
+    p.add_argument("--per-flow-under", default="1gbit", help="the aggregate rate of the per-flow settings (default 1gbit)")
+    p.add_argument("--streams", nargs="+", type=int, default=[1, 8],
+                   help="bagua streams of the per-flow settings, one job each (default 1 8)")
+    p.add_argument("--per-flow-variants", nargs="+", choices=ALL_VARIANTS, default=["ddp", "gradient_allreduce", "bytegrad"],
+                   help="variants of the per-flow settings (default ddp gradient_allreduce bytegrad)")
     # common
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1: 2 ranks on 2 cores)")
     p.add_argument("--async-interval-ms", type=int, default=500, help="async sync_interval_ms (default 500, bagua's default)")
@@ -754,6 +815,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--setting", default="loopback", help=argparse.SUPPRESS)
     p.add_argument("--link", default="loopback", choices=["loopback", "netns"], help=argparse.SUPPRESS)
     p.add_argument("--rate", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--per-flow-rate", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--job-streams", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--num-batches", type=int, default=8, help=argparse.SUPPRESS)
     return p
 
