@@ -5,9 +5,12 @@ original flags: torchrun's own (which torchrun spells with underscores too), plu
 
 - ``--default_bucket_size N``: sets ``BAGUA_DEFAULT_BUCKET_SIZE`` for the workers (the bucket
   size of ``model.with_bagua``);
+- ``--enable_bagua_net``: the workers stripe large collectives over several connections
+  (``BAGUA_NET_NSTREAMS``, Bagua-Net's default 2 unless set; ``bagua.comm``'s stripes replace
+  the NCCL plugin);
 - ``--bagua_service_port``: accepted, no effect (there is no autotune service to reach);
 - ``--autotune_level 0`` and the other ``--autotune_*`` flags at their defaults: accepted;
-  autotuning itself (level >= 1), ``--enable_bagua_net`` (Bagua-Net), ``--report_metrics``,
+  autotuning itself (level >= 1), ``--report_metrics``,
   ``--host_list``/``--ssh_port`` (starting hosts over ssh): a clear error saying what to do;
 - launch's ``--logdir`` is torchrun's ``--log-dir``, and ``--set_additional_flag`` passes
   ``--local-rank=N`` to the script (torch's spelling: a script parsing only ``--local_rank``
@@ -21,7 +24,6 @@ import os
 from typing import Optional, Sequence
 
 _NOT_SUPPORTED = {
-    "enable_bagua_net": "Bagua-Net is not part of this bagua; run without --enable_bagua_net",
     "report_metrics": "metrics reporting to the autotune service is not part of this bagua; run without --report_metrics",
     "host_list": "starting hosts over ssh is not part of this bagua; run the launcher on each host "
                  "(--nnodes, --node_rank, --master_addr) or use torchrun's rendezvous",
@@ -45,7 +47,8 @@ def main(argv: Optional[Sequence[str]], launcher: str) -> None:
     parser.add_argument("--autotune_sampling_confidence_time", type=float, default=5.0, help=argparse.SUPPRESS)
     parser.add_argument("--autotune_warmup_time", type=float, default=30.0, help=argparse.SUPPRESS)
     parser.add_argument("--is_output_autotune_log", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--enable_bagua_net", action="store_true", help="not supported")
+    parser.add_argument("--enable_bagua_net", action="store_true",
+                        help="stripe collectives over several connections (BAGUA_NET_NSTREAMS, default 2)")
     parser.add_argument("--report_metrics", action="store_true", help="not supported")
     parser.add_argument("--host_list", type=str, default=None, help="not supported")
     parser.add_argument("--ssh_port", type=int, default=None, help="not supported")
@@ -67,12 +70,14 @@ def main(argv: Optional[Sequence[str]], launcher: str) -> None:
     if args.default_bucket_size < 1:
         parser.error(f"--default_bucket_size must be a positive number of bytes, got {args.default_bucket_size}")
     os.environ["BAGUA_DEFAULT_BUCKET_SIZE"] = str(args.default_bucket_size)
+    if args.enable_bagua_net:  # Bagua-Net's streams per connection (its default 2) for bagua.comm's stripes
+        os.environ.setdefault("BAGUA_NET_NSTREAMS", "2")
     if launcher == "launch":
         args.log_dir = args.log_dir or args.logdir
         args.use_env = not args.set_additional_flag
     else:
         args.use_env = True
-    for name in ("bagua_service_port", "default_bucket_size", "logdir", "set_additional_flag", *_NOT_SUPPORTED,
+    for name in ("bagua_service_port", "default_bucket_size", "enable_bagua_net", "logdir", "set_additional_flag", *_NOT_SUPPORTED,
                  "autotune_level", *_AUTOTUNE_DEFAULTS):
         if hasattr(args, name):
             delattr(args, name)

@@ -76,7 +76,8 @@ def test_a_tracker_file_without_an_iteration_is_a_clear_error(tmp_path):
 
 WORKER = """
 import os, sys
-print("worker", os.environ["RANK"], os.environ["BAGUA_DEFAULT_BUCKET_SIZE"], sys.argv[1:], flush=True)
+print("worker", os.environ["RANK"], os.environ["BAGUA_DEFAULT_BUCKET_SIZE"], os.environ.get("BAGUA_NET_NSTREAMS"),
+      sys.argv[1:], flush=True)
 """
 
 
@@ -84,19 +85,20 @@ def _launch(tmp_path: Path, launcher: str, *flags: str) -> subprocess.CompletedP
     script = tmp_path / "worker.py"
     script.write_text(textwrap.dedent(WORKER))
     return subprocess.run([sys.executable, "-m", f"bagua.distributed.{launcher}", *flags, str(script), "--x", "1"],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          capture_output=True, text=True, timeout=120,
+                          env={**{k: v for k, v in os.environ.items() if k != "BAGUA_NET_NSTREAMS"}, "OMP_NUM_THREADS": "1"})
 
 
 def test_launch_maps_the_original_flags_onto_torchrun(tmp_path):
     done = _launch(tmp_path, "launch", "--nproc_per_node=2", "--master_port=0", "--default_bucket_size", "1048576",
-                   "--set_additional_flag", "--bagua_service_port", "29501", "--autotune_level", "0")
+                   "--set_additional_flag", "--bagua_service_port", "29501", "--autotune_level", "0",
+                   "--enable_bagua_net")
     assert done.returncode == 0, done.stdout + done.stderr
     lines = sorted(line for line in done.stdout.splitlines() if line.startswith("worker"))
-    assert lines == [f"worker {r} 1048576 ['--local-rank={r}', '--x', '1']" for r in range(2)]
+    assert lines == [f"worker {r} 1048576 2 ['--local-rank={r}', '--x', '1']" for r in range(2)]
 
 
 @pytest.mark.parametrize("launcher, flags, message", [
-    ("launch", ["--enable_bagua_net"], "--enable_bagua_net: Bagua-Net is not part of this bagua"),
     ("run", ["--autotune_level", "1"], "--autotune_level: only 0 is supported"),
     ("run", ["--autotune_max_samples", "10"], "--autotune_max_samples: autotuning is not supported"),
     ("launch", ["--host_list", "a,b"], "--host_list: starting hosts over ssh is not part of this bagua"),
