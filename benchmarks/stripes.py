@@ -145,7 +145,8 @@ def report(jobs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, An
             parts.append(f"per-flow 250mbit/1gbit 64MB {kind} {ratio:.2f}x (target >={target}x: "
                          f"{'met' if ratio >= target else 'NOT met'})")
     for setting in ("loopback", "1gbit", "100mbit"):
-        ratios = [key[k] for k in key if k.startswith(f"{setting}_") and k.endswith("_exact")]
+        ratios = [key[f"{setting}_{size}_exact"] for size in args.sizes  # the range: 1 MB and up
+                  if parse_size(size) >= 1 << 20 and f"{setting}_{size}_exact" in key]
         if ratios:
             worst = min(ratios)
             parts.append(f"{setting} worst streams={args.streams} time {1 / worst:.3f}x of streams=1 "
