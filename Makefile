@@ -47,10 +47,12 @@ test: system-deps $(VENV)/.installed-test
 bench-comm: $(VENV)/.installed-bench
 	$(PY) benchmarks/comm.py
 
-# Every benchmark (about 40 minutes on 2 cores; the network parts need root and iproute2).
+# Every benchmark (about an hour on 2 cores; the network parts need root and iproute2).
 bench: system-deps $(VENV)/.installed-bench
 	$(PY) benchmarks/comm.py
 	$(PY) benchmarks/ddp.py
+	$(PY) benchmarks/stripes.py
+	$(PY) benchmarks/elastic.py
 	$(PY) benchmarks/cache.py
 	$(PY) benchmarks/sampler.py
 	$(PY) benchmarks/fused_optimizer.py

@@ -54,7 +54,7 @@ Settings (the driver, the default mode, launches one worker job per setting):
 
 Usage::
 
-    python benchmarks/ddp.py                                   # everything, ~11.5 min on 2 shared cores
+    python benchmarks/ddp.py                                   # everything, ~18 min on 2 shared cores
     python benchmarks/ddp.py --parts loopback                  # step time on loopback only, ~1-2 min
     python benchmarks/ddp.py --parts network --rates 100mbit   # one bandwidth
     python benchmarks/ddp.py --parts gpu                       # the CUDA wrapper-overhead part
