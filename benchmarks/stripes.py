@@ -59,9 +59,8 @@ def run_worker(args: argparse.Namespace) -> int:
     results: dict[str, dict[str, float]] = {}
     for size in args.sizes:
         t = torch.ones(parse_size(size) // 4)
-        for kind, compression in (("exact", None), ("uint8", "minmax_uint8")):
-            if kind == "uint8" and not args.compressed:
-                continue
+        for kind in args.kinds:
+            compression = {"exact": None, "uint8": "minmax_uint8"}[kind]
             times = []
             for i in range(args.calls + 1):
                 bagua.comm.barrier()
@@ -80,9 +79,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
 def _command(setting: str, streams: int, args: argparse.Namespace) -> list[str]:
     worker = [str(Path(__file__).resolve()), "--worker", "--setting", setting, "--streams", str(streams),
-              "--calls", str(args.calls), "--sizes", *args.sizes]
-    if args.compressed:
-        worker.append("--compressed")
+              "--calls", str(args.calls), "--sizes", *args.sizes, "--kinds", *args.kinds]
     flags = SETTINGS[setting]
     if flags is None:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *worker]
@@ -162,8 +159,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--sizes", nargs="+", default=["512KB", "1MB", "16MB", "64MB"])
     p.add_argument("--calls", type=int, default=5, help="timed calls per size (default 5)")
     p.add_argument("--repeat", type=int, default=2, help="jobs per setting and streams value (default 2)")
-    p.add_argument("--no-compressed", dest="compressed", action="store_false", help="skip the uint8 allreduce")
-    p.add_argument("--compressed", action="store_true", default=True, help=argparse.SUPPRESS)
+    p.add_argument("--kinds", nargs="+", choices=["exact", "uint8"], default=["exact", "uint8"],
+                   help="exact and/or the uint8-compressed allreduce (default both)")
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
