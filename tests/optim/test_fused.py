@@ -14,6 +14,7 @@ import torch
 import bagua.optim
 from bagua.optim import FlattenWarning, Lion, fuse_optimizer, is_fused_optimizer
 from bagua.optim import fused as fused_mod
+from bagua.optim.flat_buffers import FlatBucket
 
 from ._models import MixedNet, Net, assert_same_params, assert_same_state, backward, groups, twins
 
@@ -571,8 +572,8 @@ def test_steady_state_takes_the_fast_path_and_leaves_groups_as_they_were(monkeyp
     m1, o1, m2, o2 = twins(lambda m: torch.optim.Adam(groups(m), lr=1e-2))
     fuse_optimizer(o2)
     calls = []
-    real = fused_mod._Bucket.analyze
-    monkeypatch.setattr(fused_mod._Bucket, "analyze", lambda self, st: (calls.append(1), real(self, st))[1])
+    real = FlatBucket.analyze
+    monkeypatch.setattr(FlatBucket, "analyze", lambda self, st: (calls.append(1), real(self, st))[1])
     for step in range(6):
         for m, o in ((m1, o1), (m2, o2)):
             o.zero_grad(set_to_none=False)

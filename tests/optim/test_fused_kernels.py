@@ -11,6 +11,9 @@ import pytest
 import torch
 
 from bagua.kernels import _optim_common
+from bagua.kernels import adam as adam_kernels
+from bagua.kernels import lion as lion_kernels
+from bagua.kernels import sgd as sgd_kernels
 from bagua.optim import Lion, fuse_optimizer
 from bagua.optim import fused as fused_mod
 
@@ -39,7 +42,7 @@ def kernel_calls(monkeypatch):
     calls = {"adam": 0, "sgd": 0, "lion": 0}
     if not HAS_CUDA:
         monkeypatch.setattr(fused_mod, "_KERNELS_ON_CPU", True)
-    for name, mod in (("adam", fused_mod._adam_k), ("sgd", fused_mod._sgd_k), ("lion", fused_mod._lion_k)):
+    for name, mod in (("adam", adam_kernels), ("sgd", sgd_kernels), ("lion", lion_kernels)):
         real = getattr(mod, f"{name}_step_triton")
 
         def counted(*a, _real=real, _name=name, **k):
