@@ -26,7 +26,6 @@ fuse_step vs torch fused=True). Results: benchmarks/results/fused_optimizer.md.
 from __future__ import annotations
 
 import argparse
-import copy
 import math
 import statistics
 import time
