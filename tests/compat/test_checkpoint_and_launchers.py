@@ -76,8 +76,10 @@ def test_a_tracker_file_without_an_iteration_is_a_clear_error(tmp_path):
 
 WORKER = """
 import os, sys
-print("worker", os.environ["RANK"], os.environ["BAGUA_DEFAULT_BUCKET_SIZE"], os.environ.get("BAGUA_NET_NSTREAMS"),
-      sys.argv[1:], flush=True)
+# a file per rank: the ranks' lines on one stdout can interleave
+with open(os.path.join(os.path.dirname(__file__), "rank" + os.environ["RANK"]), "w") as out:
+    out.write(" ".join(["worker", os.environ["RANK"], os.environ["BAGUA_DEFAULT_BUCKET_SIZE"],
+                        str(os.environ.get("BAGUA_NET_NSTREAMS")), str(sys.argv[1:])]))
 """
 
 
@@ -94,7 +96,7 @@ def test_launch_maps_the_original_flags_onto_torchrun(tmp_path):
                    "--set_additional_flag", "--bagua_service_port", "29501", "--autotune_level", "0",
                    "--enable_bagua_net")
     assert done.returncode == 0, done.stdout + done.stderr
-    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("worker"))
+    lines = [(tmp_path / f"rank{r}").read_text() for r in range(2)]
     assert lines == [f"worker {r} 1048576 2 ['--local-rank={r}', '--x', '1']" for r in range(2)]
 
 
