@@ -37,6 +37,7 @@ import torch
 
 from . import comm
 from .parallel import DistributedDataParallel
+from .parallel.wrapping import open_wrapper
 
 __all__ = ["CheckpointError", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
 
@@ -214,8 +215,7 @@ def _unwrap(model: torch.nn.Module) -> tuple[Optional[DistributedDataParallel], 
         return None, model.module
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module or a bagua.DistributedDataParallel, got {type(model).__name__}")
-    wrapper = getattr(model, "_bagua_wrapper", lambda: None)()  # a wrapped module: its wrapper's state too
-    return (wrapper if wrapper is not None and not wrapper._closed else None), model
+    return open_wrapper(model), model  # a wrapped module: its wrapper's state too
 
 
 def _replica(module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer],

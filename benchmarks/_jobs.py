@@ -55,6 +55,15 @@ def run_job(cmd: list[str], timeout: float, json_tag: str, logger: logging.Logge
     return job
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def tx_bytes_reader() -> Optional[Callable[[], int]]:
     """A function returning this rank's interface tx byte count, or None where not per-rank.
 

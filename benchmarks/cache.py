@@ -41,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bagua.data import CachedDataset  # noqa: E402
 from bagua.data.stores import stop_local_server  # noqa: E402
+from _jobs import free_port  # noqa: E402  (this script's folder is on sys.path)
 
 BATCH = 64
 
@@ -94,11 +95,7 @@ def epoch_time(ds, batch_size: int = 32) -> float:
 
 
 def start_tcp_redis(tmp: str) -> tuple[subprocess.Popen, int]:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen(
         [shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind", "127.0.0.1",
          "--save", "", "--appendonly", "no", "--dir", tmp, "--maxmemory", str(2 << 30),

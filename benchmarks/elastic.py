@@ -45,6 +45,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from _jobs import free_port  # noqa: E402
+
 
 def restart_worker(args: argparse.Namespace) -> int:
     """One rank of a restart trial (``--worker restart --launcher bagua|torch``)."""
@@ -157,7 +159,7 @@ def run_c10d_scale(workdir: Path, epochs: int = 40, timeout: float = 120.0) -> d
     size 1; the joining agent's launch -> first step at world size 2), and the samples per epoch
     (``trained_samples``). Raises RuntimeError naming the phase that did not happen in time.
     """
-    port = _free_port()
+    port = free_port()
     samples, started = Path(workdir, "samples"), time.monotonic()
 
     def agent(is_host: int, name: str) -> subprocess.Popen:
@@ -228,14 +230,6 @@ def run_c10d_trials(trials: int) -> dict:
     return {"trials": trials, "ok": len(down), "failures": failures, "recovery_down_s": down, "recovery_up_s": up,
             "median_down_s": statistics.median(down) if down else None,
             "median_up_s": statistics.median(up) if up else None}
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _kill_tree(pid: int) -> None:

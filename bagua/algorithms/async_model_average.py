@@ -353,8 +353,9 @@ class AsyncModelAverageAlgorithm(Algorithm):
     def _wrapper(model):
         """The wrapper ``model``, or the wrapper of the module ``model`` (the original Bagua passed
         the module that ``with_bagua`` returned)."""
-        link = getattr(model, "_bagua_wrapper", None)
-        wrapper = link() if callable(link) else model
+        from ..parallel.wrapping import open_wrapper  # the wrapper imports the algorithms
+
+        wrapper = open_wrapper(model) or model
         if not isinstance(getattr(wrapper, "impl", None), AsyncModelAverageImpl):
             raise TypeError("abort()/resume() take the bagua.DistributedDataParallel model wrapped with this "
                             "algorithm (or the module it wraps)")

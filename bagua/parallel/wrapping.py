@@ -62,6 +62,18 @@ class WrapperLink:
             wrapper.impl.on_weights_loaded(wrapper)
 
 
+def open_wrapper(module: Any) -> Optional["DistributedDataParallel"]:
+    """The open wrapper that holds ``module`` (through its link), or None.
+
+    Example::
+
+        ddp = open_wrapper(model)      # None once ddp.close() ran, or for a copy of the module
+    """
+    link = getattr(module, "_bagua_wrapper", None)
+    wrapper = link() if callable(link) else None
+    return wrapper if wrapper is not None and not wrapper._closed else None
+
+
 def check_module(module: Any) -> None:
     """A clear error unless ``module`` is an nn.Module that no open wrapper holds."""
     from .ddp import DistributedDataParallel
@@ -73,8 +85,8 @@ def check_module(module: Any) -> None:
             f"module is already a {type(module).__module__}.{type(module).__name__}: wrapping it again would "
             f"communicate every gradient twice; wrap the inner module (.module) instead"
         )
-    wrapper = getattr(module, "_bagua_wrapper", lambda: None)()
-    if wrapper is not None and not wrapper._closed:
+    wrapper = open_wrapper(module)
+    if wrapper is not None:
         raise ValueError(
             "this module is already wrapped by a bagua.DistributedDataParallel (algorithm "
             f"{wrapper.algorithm!r}); wrapping it again would stack two algorithms. To switch, call "

@@ -23,6 +23,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from ..parallel.wrapping import open_wrapper
 from .data_parallel.distributed import DistributedDataParallel
 from .env import get_default_bucket_size
 
@@ -73,9 +74,8 @@ class BaguaModule:
 
     @property
     def bagua_ddp(self: Any) -> DistributedDataParallel:
-        link = getattr(self, "_bagua_wrapper", None)
-        wrapper = link() if callable(link) else None
-        if wrapper is None or wrapper._closed:
+        wrapper = open_wrapper(self)
+        if wrapper is None:
             raise AttributeError(
                 f"this {type(self).__name__} is not trained with bagua: call model.with_bagua(optimizers, algorithm) first"
             )

@@ -18,6 +18,7 @@ import torch
 
 from ... import parallel
 from ...algorithms import Algorithm
+from ...parallel.wrapping import open_wrapper
 
 __all__ = ["BaguaBucket", "DistributedDataParallel", "DistributedDataParallel_V1_9_0"]
 
@@ -153,9 +154,8 @@ class BaguaBucket:
 
 def release_wrapper(module: Any) -> None:
     """Close the open wrapper that holds ``module``, if any (its hooks and threads go)."""
-    link = getattr(module, "_bagua_wrapper", None)
-    wrapper = link() if callable(link) else None
-    if wrapper is not None and not wrapper._closed:
+    wrapper = open_wrapper(module)
+    if wrapper is not None:
         wrapper.close()
 
 
