@@ -6,7 +6,13 @@ result, and sends it to every rank (an allgather), which decodes them all. Every
 wire is encoded (MinMaxUInt8: ~1 byte per element instead of 4), and since every rank decodes
 the same gathered bytes — its own chunk included — all ranks end with bit-identical results.
 
-Speed on slow links: the tensor is cut into segments of 1M elements, each reduced this way on
+Where the codec's blocks lie does not depend on how the work is cut: blocks run from the start
+of each member (``starts``: a bucket's tensors) and chunks and segments are cut on block
+boundaries (``BlockLayout``). A block's result is then a function of that block on every rank
+alone, so the bucket size, the segment size and the stripe count never change a result
+(which is what lets ``DistributedDataParallel.rebucket`` and the autotuner change them mid-run).
+
+Speed on slow links: the tensor is cut into segments of about 1M elements, each reduced this way on
 its own and pipelined (while one segment's results travel, the next one is decoded, reduced
 and encoded); both exchanges are tagged point-to-point messages of at most 512 KB, and every
 receive is posted before the first send (see ``_Segment``). With Gloo's own alltoall and allgather a 16 MB fp16
@@ -29,8 +35,9 @@ Example::
 
 from __future__ import annotations
 
+import bisect
 import zlib
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -48,7 +55,7 @@ _REDUCERS = {
     ReduceOp.PRODUCT: lambda x: x.prod(dim=0),
 }
 _PIECE_BYTES = 512 * 1024
-_SEGMENT_ELEMS = 1 << 20
+SEGMENT_ELEMS = 1 << 20  #: default elements per pipelined segment
 
 
 class _Requests:
@@ -73,6 +80,8 @@ class _Requests:
 
 
 def _pieces(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    if not tensor.numel():
+        return ()  # an empty chunk: both ends know its size, nothing travels
     per_piece = max(1, _PIECE_BYTES // tensor.element_size())
     return torch.split(tensor, per_piece)
 
@@ -90,13 +99,6 @@ def _post_all(
     return [work for j, peer in enumerate(pg.ranks) if j != pg.rank for work in _post(post, buffer_for(j), peer, group, tag)]
 
 
-def _decode_rows(codec: Codec, wire: torch.Tensor, rows: int, chunk: int, out: torch.Tensor) -> torch.Tensor:
-    """Decode ``rows`` payloads laid end to end in ``wire`` into the rows of ``out`` [rows, chunk]."""
-    for j, data in enumerate(wire.view(rows, -1)):
-        codec.decode(Payload(data, torch.Size([chunk]), out.dtype), out=out[j])
-    return out
-
-
 def compressed_allreduce(
     tensor: torch.Tensor,
     op: Union[ReduceOp, str] = ReduceOp.AVG,
@@ -105,6 +107,8 @@ def compressed_allreduce(
     async_op: bool = False,
     *,
     nonfinite: str = "raise",
+    starts: Sequence[int] = (),
+    segment_elems: int = SEGMENT_ELEMS,
 ) -> Optional[Handle]:
     """Allreduce ``tensor`` in place with every transmitted byte encoded by ``codec``.
 
@@ -115,8 +119,13 @@ def compressed_allreduce(
         nonfinite: when any rank's input holds NaN or Inf: ``"raise"`` a ValueError on every
             rank, or ``"propagate"``: every rank gets the same result, non-finite (NaN, or Inf
             with the cast codecs) wherever a rank had NaN or Inf in the same codec block
-            (MinMaxUInt8: the same 1024 elements of a rank's chunk), finite elsewhere. For
+            (MinMaxUInt8: the same 1024 elements of a member), finite elsewhere. For
             callers that check for overflow themselves, e.g. before a loss scaler's step.
+        starts: element offsets in the flattened tensor where a member begins (the tensors of
+            a bucket): codec blocks restart at each member and never straddle two, so each
+            member's result depends on that member alone, never on what else shares the call.
+        segment_elems: elements per pipelined segment (rounded up to whole codec blocks); the
+            result does not depend on it.
 
     Example::
 
@@ -128,11 +137,15 @@ def compressed_allreduce(
     check_nonfinite_choice(nonfinite)
     if isinstance(tensor, torch.Tensor) and not tensor.is_floating_point():
         raise TypeError(f"compressed allreduce needs a floating-point tensor, got {tensor.dtype}")
+    if isinstance(segment_elems, bool) or not isinstance(segment_elems, int) or segment_elems < 1:
+        raise ValueError(f"segment_elems must be a positive integer, got {segment_elems!r}")
+    n = tensor.numel() if isinstance(tensor, torch.Tensor) else 0
+    layout = BlockLayout(n, starts, codec.block_size)
     what, pg = _prepare(
         f"allreduce[{codec.name}]", tensor, group, op=_op_code(op),
-        root=zlib.crc32(repr(codec).encode()) & 0x7FFFFFFF, kind="compressed_allreduce",
+        root=zlib.crc32(repr((codec, layout.starts)).encode()) & 0x7FFFFFFF, kind="compressed_allreduce",
     )
-    w, n = pg.size, tensor.numel()
+    w = pg.size
     if w == 1 or n == 0:
         return _done(what, None, async_op)
 
@@ -142,23 +155,80 @@ def compressed_allreduce(
     count = stripes.stripe_count(pg, tensor.nbytes, tensor.device.type)
     groups = stripes.stripe_groups(pg, count)
     segments = [
-        _Segment(part, codec, pg, tag=2 * k, group=groups[k % count], where=stripes.stripe_label(k % count, count))
-        for k, part in enumerate(torch.split(flat, _SEGMENT_ELEMS))
+        _Segment(flat, layout.chunks(a, b, w), codec, pg, tag=2 * k, group=groups[k % count],
+                 where=stripes.stripe_label(k % count, count))
+        for k, (a, b) in enumerate(layout.segments(segment_elems))
     ]
     for seg in segments:
         seg.send_chunks()
-    traffic.record("compressed_allreduce", sum(2 * (w - 1) * seg.send[0].nbytes for seg in segments))
+    traffic.record("compressed_allreduce", sum(seg.wire_bytes_sent() for seg in segments))
 
     def finish() -> None:
         with _named_errors(what):
+            result = torch.empty(n, dtype=torch.float32, device=tensor.device)
             for seg in segments:
                 seg.reduce_and_share(_REDUCERS[op])
-            result = torch.cat([seg.result() for seg in segments])
+            for seg in segments:
+                seg.result_into(result)
         if nonfinite == "raise":
             raise_if_nonfinite(what, result)
         tensor.copy_(result.view_as(tensor))
 
     return _run(what, lambda: _Requests([seg.phase1 for seg in segments]), finish, async_op)
+
+
+class BlockLayout:
+    """Where a codec's blocks lie in a flat tensor of ``n`` elements whose members begin at
+    ``starts``: from each member's start, every ``block`` elements, the member's last block
+    possibly shorter. Segments and chunks are cut on block boundaries only, so a block is
+    always encoded whole, and every rank cuts alike.
+
+    Example::
+
+        BlockLayout(10, [0, 3], block=4).chunks(0, 10, 2)   # [[(0, 3)], [(3, 7), (7, 10)]]
+    """
+
+    def __init__(self, n: int, starts: Sequence[int], block: int):
+        bad = [s for s in starts if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < max(n, 1)]
+        if bad:
+            raise ValueError(f"starts must be element offsets in [0, {n}), got {bad[:3]}")
+        self.n, self.block = n, block
+        self.starts = sorted({0, *starts})
+        self._ends = self.starts[1:] + [n]
+
+    def snap(self, p: int) -> int:
+        """The first block boundary at or after element ``p``."""
+        if p >= self.n:
+            return self.n
+        i = bisect.bisect_right(self.starts, p) - 1
+        start = self.starts[i]
+        return min(start + -(-(p - start) // self.block) * self.block, self._ends[i])
+
+    def segments(self, size: int) -> list[tuple[int, int]]:
+        """Consecutive ``(begin, end)`` stretches of about ``size`` elements, on block boundaries."""
+        bounds = [0]
+        while bounds[-1] < self.n:
+            bounds.append(self.snap(bounds[-1] + size))
+        return list(zip(bounds, bounds[1:]))
+
+    def chunks(self, a: int, b: int, parts: int) -> list[list[tuple[int, int]]]:
+        """``[a, b)`` cut on block boundaries into ``parts`` chunks of about equal size (some may
+        be empty), each chunk as its pieces: ``(begin, end)`` stretches within one member."""
+        cuts = [a]
+        for j in range(1, parts):
+            cuts.append(max(cuts[-1], min(b, self.snap(a + (b - a) * j // parts))))
+        cuts.append(b)
+        return [self.pieces(lo, hi) for lo, hi in zip(cuts, cuts[1:])]
+
+    def pieces(self, a: int, b: int) -> list[tuple[int, int]]:
+        """``[a, b)`` as stretches that each lie within one member."""
+        out = []
+        i = bisect.bisect_right(self.starts, a) - 1
+        while a < b:
+            end = min(b, self._ends[i])
+            out.append((a, end))
+            a, i = end, i + 1
+        return out
 
 
 def check_nonfinite_choice(nonfinite: object) -> None:
@@ -177,6 +247,32 @@ def raise_if_nonfinite(what: str, result: torch.Tensor) -> None:
         )
 
 
+class _Chunk:
+    """One rank's share of a segment: its pieces (stretches of the flat tensor, each within one
+    member) and where each one's encoding lies in the chunk's wire bytes."""
+
+    def __init__(self, pieces: list[tuple[int, int]], codec: Codec):
+        self.pieces = pieces
+        self.numel = sum(e - a for a, e in pieces)
+        self.wire: list[tuple[int, int]] = []  # (offset, length) of each piece's encoding
+        offset = 0
+        for a, e in pieces:
+            length = codec.wire_numel(e - a)
+            self.wire.append((offset, length))
+            offset += length
+        self.wire_numel = offset
+
+    def encode(self, codec: Codec, source: torch.Tensor, out: torch.Tensor, first: int = 0) -> None:
+        """Encode the pieces of ``source`` (indexed from element ``first``) into ``out``."""
+        for (a, e), (o, length) in zip(self.pieces, self.wire):
+            out[o:o + length].copy_(codec.encode(source[a - first:e - first], check_finite=False).data)
+
+    def decode(self, codec: Codec, wire: torch.Tensor, out: torch.Tensor, first: int = 0) -> None:
+        """Decode ``wire`` (this chunk's encoding) into ``out`` (indexed from element ``first``)."""
+        for (a, e), (o, length) in zip(self.pieces, self.wire):
+            codec.decode(Payload(wire[o:o + length], torch.Size([e - a]), out.dtype), out=out[a - first:e - first])
+
+
 class _Segment:
     """One stretch of the tensor, scatter-reduce-gathered on its own.
 
@@ -185,45 +281,58 @@ class _Segment:
     link it arrives late and the sender idles. So every receive of both phases is posted first
     (``__init__``); then ``send_chunks`` encodes the chunks and sends each to its rank (phase 1),
     ``reduce_and_share`` reduces this rank's chunk and sends the result to every rank
-    (phase 2), and ``result`` decodes all of them. Its messages travel over torch group
+    (phase 2), and ``result_into`` decodes all of them. Its messages travel over torch group
     ``group`` (one of ``pg``'s stripes), which ``where`` names in errors."""
 
     def __init__(
-        self, part: torch.Tensor, codec: Codec, pg: BaguaProcessGroup, tag: int, group: Optional[dist.ProcessGroup], where: str
+        self, flat: torch.Tensor, chunks: list[list[tuple[int, int]]], codec: Codec, pg: BaguaProcessGroup,
+        tag: int, group: Optional[dist.ProcessGroup], where: str,
     ):
-        w, n = pg.size, part.numel()
-        self.codec, self.pg, self.n, self.tag, self.group = codec, pg, n, tag, group
-        self.chunk = -(-n // w)
-        if n < w * self.chunk:  # repeat the last value: padding never widens a chunk's range
-            part = torch.cat([part, part[-1:].expand(w * self.chunk - n)])
-        self.rows = part.view(w, self.chunk)
-        wire_len = codec.wire_numel(self.chunk)
-        self.send = torch.empty((w, wire_len), dtype=codec.wire_dtype, device=part.device)
-        self.received = torch.empty_like(self.send)
-        self.gathered = torch.empty_like(self.send)
+        self.flat, self.codec, self.pg, self.tag, self.group = flat, codec, pg, tag, group
+        self.chunks = [_Chunk(pieces, codec) for pieces in chunks]
+        mine = self.chunks[pg.rank]
+
+        def wire(numel: int) -> torch.Tensor:
+            return torch.empty(numel, dtype=codec.wire_dtype, device=flat.device)
+
+        self.send = [wire(chunk.wire_numel) for chunk in self.chunks]        # my encoding of chunk j, for rank j
+        self.received = wire(pg.size * mine.wire_numel).view(pg.size, mine.wire_numel)    # every rank's encoding of my chunk
+        self.gathered = [wire(chunk.wire_numel) for chunk in self.chunks]    # chunk j reduced, from rank j
         self.phase1 = _Requests(_post_all(dist.irecv, lambda j: self.received[j], pg, group, tag), where)
         self.phase2 = _Requests(_post_all(dist.irecv, lambda j: self.gathered[j], pg, group, tag + 1), where)
+
+    def wire_bytes_sent(self) -> int:
+        """What this rank sends for this segment, both phases."""
+        rank, item = self.pg.rank, self.send[0].element_size()
+        others = sum(c.wire_numel for j, c in enumerate(self.chunks) if j != rank)
+        return item * (others + (self.pg.size - 1) * self.chunks[rank].wire_numel)
 
     def send_chunks(self) -> None:
         rank = self.pg.rank
         for j in [j for j in range(self.pg.size) if j != rank] + [rank]:  # what leaves first is encoded first
-            self.send[j].copy_(self.codec.encode(self.rows[j], check_finite=False).data)
+            self.chunks[j].encode(self.codec, self.flat, self.send[j])
             if j != rank:
                 self.phase1.works += _post(dist.isend, self.send[j], self.pg.ranks[j], self.group, self.tag)
         self.received[rank].copy_(self.send[rank])
 
     def reduce_and_share(self, reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        w = self.pg.size
+        w, chunk = self.pg.size, self.chunks[self.pg.rank]
         self.phase1.wait()
-        self.parts = torch.empty((w, self.chunk), dtype=torch.float32, device=self.send.device)
-        reduced = reduce(_decode_rows(self.codec, self.received, w, self.chunk, self.parts))
-        mine = self.codec.encode(reduced, check_finite=False).data.contiguous()
-        self.gathered[self.pg.rank].copy_(mine)
+        if not chunk.numel:
+            return
+        first = chunk.pieces[0][0]
+        parts = torch.empty((w, chunk.numel), dtype=torch.float32, device=self.flat.device)
+        for j in range(w):
+            chunk.decode(self.codec, self.received[j], parts[j], first)
+        mine = self.gathered[self.pg.rank]
+        chunk.encode(self.codec, reduce(parts), mine, first)
         self.phase2.works += _post_all(dist.isend, lambda _: mine, self.pg, self.group, self.tag + 1)
 
-    def result(self) -> torch.Tensor:
+    def result_into(self, result: torch.Tensor) -> None:
+        """Decode every rank's reduced chunk into ``result`` (the whole flat tensor)."""
         self.phase2.wait()
-        return _decode_rows(self.codec, self.gathered, self.pg.size, self.chunk, self.parts).view(-1)[: self.n]
+        for chunk, wire in zip(self.chunks, self.gathered):
+            chunk.decode(self.codec, wire, result)
 
 
-__all__ = ["compressed_allreduce"]
+__all__ = ["BlockLayout", "SEGMENT_ELEMS", "compressed_allreduce"]

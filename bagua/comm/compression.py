@@ -94,6 +94,9 @@ class Codec(abc.ABC):
 
     name: ClassVar[str]
     wire_dtype: ClassVar[torch.dtype]
+    #: elements encoded together (a per-block header): a tensor encoded piece by piece on
+    #: multiples of it from its start decodes exactly as if encoded whole
+    block_size: int = 1
 
     @abc.abstractmethod
     def wire_numel(self, numel: int) -> int:

@@ -13,13 +13,13 @@ Example::
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 import torch
 
 from .checks import describe
 from .collectives import ReduceOp, allreduce, as_reduce_op, broadcast, reduce
-from .compressed import check_nonfinite_choice, compressed_allreduce, raise_if_nonfinite
+from .compressed import SEGMENT_ELEMS, check_nonfinite_choice, compressed_allreduce, raise_if_nonfinite
 from .compression import Codec, get_codec
 from .process_group import NodeGroups, get_inter_node_group, get_intra_node_group, get_local_rank
 
@@ -30,6 +30,8 @@ def hierarchical_allreduce(
     compression: Optional[Union[str, Codec]] = None,
     nonfinite: str = "raise",
     groups: Optional[NodeGroups] = None,
+    starts: Sequence[int] = (),
+    segment_elems: int = SEGMENT_ELEMS,
 ) -> None:
     """Allreduce ``tensor`` in place over all ranks in three steps (SUM or AVG).
 
@@ -42,6 +44,8 @@ def hierarchical_allreduce(
             (see ``compressed_allreduce``). Exact steps always propagate them.
         groups: the node communicators to use (default: the job's, from ``init_process_group``;
             ``bagua.comm.new_node_groups()`` makes private ones).
+        starts, segment_elems: how the compressed step cuts its codec blocks and segments (see
+            ``compressed_allreduce``).
     """
     op = as_reduce_op(op)
     if op not in (ReduceOp.SUM, ReduceOp.AVG):
@@ -56,7 +60,8 @@ def hierarchical_allreduce(
         if compression is None:
             allreduce(tensor, op=op, group=inter)
         else:  # non-finite values reach every rank first: the leaders alone raising would hang the others
-            compressed_allreduce(tensor, op=op, codec=compression, group=inter, nonfinite="propagate")
+            compressed_allreduce(tensor, op=op, codec=compression, group=inter, nonfinite="propagate",
+                                 starts=starts, segment_elems=segment_elems)
         if op == ReduceOp.AVG and intra.size > 1:
             tensor.div_(intra.size)
     broadcast(tensor, src=leader, group=intra)
