@@ -14,8 +14,9 @@ from .decentralized import DecentralizedAlgorithm
 from .gradient_allreduce import GradientAllReduceAlgorithm
 from .low_precision_decentralized import LowPrecisionDecentralizedAlgorithm
 from .q_adam import QAdamAlgorithm
+from .tunable import Tunable, powers_of_two
 
 __all__ = [
     "Algorithm", "AlgorithmImpl", "AsyncModelAverageAlgorithm", "ByteGradAlgorithm", "DecentralizedAlgorithm",
-    "GradientAllReduceAlgorithm", "LowPrecisionDecentralizedAlgorithm", "QAdamAlgorithm", "registered_names",
+    "GradientAllReduceAlgorithm", "LowPrecisionDecentralizedAlgorithm", "QAdamAlgorithm", "Tunable", "powers_of_two", "registered_names",
 ]

@@ -20,6 +20,11 @@ returned ``AlgorithmImpl`` through these hooks, in this order each step:
 ``on_weights_loaded(ddp)``            after ``load_state_dict`` of the wrapped module
 ====================================  ===========================================================
 
+Between steps the wrapper may change system parameters (``ddp.configure``, the autotuner):
+``tunables(ddp)`` declares which ones and their choices (none may change a result),
+``set_tunable(ddp, name, value)`` applies one of the algorithm's own (the ops are then appended
+anew), and ``on_rebucket(ddp, carry)`` moves per-bucket state when the buckets are rebuilt.
+
 ``ready_on_backward(ddp)`` tells the wrapper whether this step's buckets become ready through
 backward (gradient algorithms) or through the algorithm itself (``ddp.mark_all_ready()``).
 
@@ -41,11 +46,16 @@ from typing import TYPE_CHECKING, Callable, ClassVar
 import torch
 
 from ..comm import BaguaProcessGroup, Bucket
+from .tunable import Tunable, powers_of_two
 
 if TYPE_CHECKING:  # the wrapper imports us, not the other way round
     from ..parallel.ddp import DistributedDataParallel
 
 NamedTensor = tuple[str, torch.Tensor]
+#: bucket sizes the autotuner tries: 1 MiB to 64 MiB
+BUCKET_SIZES = powers_of_two(1 << 20, 64 << 20)
+#: carries per-bucket state across a rebucket: {id(old bucket): flat} -> {id(new bucket): flat}
+Carry = Callable[[dict[int, torch.Tensor]], dict[int, torch.Tensor]]
 
 
 def _home(tensor: torch.Tensor) -> int | None:
@@ -140,6 +150,24 @@ class AlgorithmImpl:
         """Whether every rank holds the same weights between steps (default yes); algorithms
         whose replicas legitimately differ return False, and checkpoints then keep every rank's."""
         return True
+
+    def tunables(self, ddp: "DistributedDataParallel") -> dict[str, Tunable]:
+        """The system parameters of this algorithm that the autotuner may set, by name, with
+        their choices; each must leave every result unchanged. Default: the bucket size (the
+        wrapper rebuckets; gradients, weights, optimizer and algorithm state carry over), for
+        algorithms whose ops work element by element or per tensor."""
+        return {"bucket_size_bytes": Tunable(BUCKET_SIZES, ddp.bucket_size_bytes)}
+
+    def set_tunable(self, ddp: "DistributedDataParallel", name: str, value: object) -> None:
+        """Apply ``value`` to tunable ``name``, one this algorithm declared other than the
+        wrapper's own (``bucket_size_bytes``, ``streams``), between steps on every rank; the
+        wrapper appends every bucket's ops anew afterwards."""
+        raise ValueError(f"{type(self).__name__} has no tunable {name!r}")
+
+    def on_rebucket(self, ddp: "DistributedDataParallel", carry: Carry) -> None:
+        """The buckets were rebuilt between steps (``ddp.rebucket``): move per-bucket state over.
+        ``carry({id(old bucket): flat})`` returns ``{id(new bucket): flat}``, each tensor's
+        values where the new layout keeps them. Default: no per-bucket state."""
 
     def state_dict(self) -> dict:
         """What a checkpoint must hold to resume this algorithm exactly (default: nothing)."""

@@ -103,6 +103,11 @@ class DecentralizedImpl(WeightCommunicationImpl):
         """
         return self._averaged.get(id(bucket), bucket.flat)
 
+    def on_rebucket(self, ddp, carry) -> None:
+        """The last averaged weights (``peer_weight``) move to the new buckets."""
+        if self._averaged:
+            self._averaged = carry(self._averaged)
+
     def on_forward_pre(self, ddp) -> None:
         super().on_forward_pre(ddp)
         if self.communicating:

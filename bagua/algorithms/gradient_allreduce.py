@@ -17,8 +17,14 @@ from typing import Optional
 from ..comm import (
     BaguaProcessGroup, Bucket, NodeGroups, ReduceOp, allreduce, compressed_allreduce, get_default_group, new_node_groups,
 )
+from ..comm.compressed import SEGMENT_ELEMS
 from ..comm.hierarchical import hierarchical_allreduce
+from ..comm.process_group import get_local_size
 from .base import Algorithm, AlgorithmImpl
+from .tunable import Tunable, powers_of_two
+
+#: segment sizes (elements) the autotuner tries for a compressed allreduce
+SEGMENT_SIZES = powers_of_two(1 << 16, 1 << 22)
 
 
 def append_gradient_allreduce(
@@ -27,9 +33,12 @@ def append_gradient_allreduce(
     average: bool,
     node_groups: Optional[NodeGroups] = None,
     compression: Optional[str] = None,
+    segment_elems: int = SEGMENT_ELEMS,
 ) -> None:
     """Append to ``bucket`` an allreduce of its flat buffer: flat, or hierarchical over
-    ``node_groups``; exact or compressed.
+    ``node_groups``; exact or compressed. A compressed one quantizes each tensor of the bucket
+    on its own blocks, so neither the bucket's other tensors nor ``segment_elems`` (the
+    pipelining of the compressed allreduce) change its result.
 
     NaN and Inf come out on every rank, compressed or not (as an exact allreduce gives them), so
     that a loss scaler (``torch.amp.GradScaler``) sees an overflow on any rank and skips the step
@@ -37,11 +46,13 @@ def append_gradient_allreduce(
     op = ReduceOp.AVG if average else ReduceOp.SUM
     if node_groups is not None:
         bucket.append_op(lambda b: hierarchical_allreduce(b.flat, op=op, compression=compression, groups=node_groups,
-                                                          nonfinite="propagate"),
+                                                          nonfinite="propagate", starts=b.offsets,
+                                                          segment_elems=segment_elems),
                          f"hierarchical_allreduce[{compression or 'exact'}]")
     elif compression is not None:
         bucket.append_op(lambda b: compressed_allreduce(b.flat, op=op, codec=compression, group=process_group,
-                                                        nonfinite="propagate"),
+                                                        nonfinite="propagate", starts=b.offsets,
+                                                        segment_elems=segment_elems),
                          f"allreduce[{compression}]")
     else:
         bucket.append_op(lambda b: allreduce(b.flat, op=op, group=process_group), "allreduce[exact]")
@@ -59,16 +70,47 @@ def hierarchical_node_groups(process_group: BaguaProcessGroup) -> NodeGroups:
 
 
 class GradientAllReduceImpl(AlgorithmImpl):
+    """Tunable (results unchanged): the bucket size; exact: ``hierarchical`` on jobs of several
+    nodes with several ranks each (the same sums, grouped by node); compressed: the segment size
+    (``segment_elems``). A compressed ``hierarchical`` is not tunable: it reduces exactly within
+    nodes, which changes what is quantized."""
+
     supports_join = True  # a step is the buckets' allreduces: a rank out of data shadows them with zeros
 
     def __init__(self, process_group: BaguaProcessGroup, hierarchical: bool, average: bool,
                  compression: Optional[str] = None):
         super().__init__(process_group)
         self.node_groups = hierarchical_node_groups(process_group) if hierarchical else None
+        self._spare_node_groups = self.node_groups  # kept while the tuner switches hierarchical off
         self.average, self.compression = average, compression
+        self.segment_elems = SEGMENT_ELEMS
 
     def init_operations(self, ddp, bucket: Bucket) -> None:
-        append_gradient_allreduce(bucket, self.process_group, self.average, self.node_groups, self.compression)
+        append_gradient_allreduce(bucket, self.process_group, self.average, self.node_groups, self.compression,
+                                  self.segment_elems)
+
+    def tunables(self, ddp) -> dict[str, Tunable]:
+        space = super().tunables(ddp)
+        if self.compression is not None:
+            space["segment_elems"] = Tunable(SEGMENT_SIZES, self.segment_elems)
+        elif self._hierarchy_matters():
+            space["hierarchical"] = Tunable((False, True), self.node_groups is not None)
+        return space
+
+    def _hierarchy_matters(self) -> bool:
+        """Several nodes of several ranks, and this group is the whole job."""
+        world = get_default_group()
+        return self.process_group.ranks == world.ranks and 1 < get_local_size() < world.size
+
+    def set_tunable(self, ddp, name: str, value: object) -> None:
+        if name == "segment_elems" and self.compression is not None:
+            self.segment_elems = int(value)
+        elif name == "hierarchical" and self.compression is None:
+            if value and self._spare_node_groups is None:  # every rank applies it at the same step
+                self._spare_node_groups = hierarchical_node_groups(self.process_group)
+            self.node_groups = self._spare_node_groups if value else None
+        else:
+            super().set_tunable(ddp, name, value)
 
 
 @Algorithm.register("gradient_allreduce")

@@ -81,6 +81,19 @@ class LowPrecisionDecentralizedImpl(WeightCommunicationImpl):
         """
         self._stale = True
 
+    def tunables(self, ddp) -> dict:
+        """Nothing: the 8-bit blocks run over each bucket's flat weights (as in the original
+        Bagua, whose reference results the tests reproduce), so the bucket size changes them."""
+        return {}
+
+    def on_rebucket(self, ddp, carry) -> None:
+        """The replicas move to the new buckets, value for value (nothing is taken anew)."""
+        if not self._states:
+            return
+        own = carry({key: state.own for key, state in self._states.items()})
+        peers = {j: carry({key: state.peers[j] for key, state in self._states.items()}) for j in self.neighbours}
+        self._states = {key: _RingState(own[key], {j: peers[j][key] for j in self.neighbours}) for key in own}
+
     def replicas(self, bucket: Bucket) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """This rank's replicas for ``bucket``: its own weights as its neighbours know them (x̂_i),
         its left and its right neighbour's weights (the original Bagua's ``bucket._weight``,

@@ -28,10 +28,12 @@ from __future__ import annotations
 import torch
 
 from ..comm import BaguaProcessGroup, Bucket, ReduceOp, allreduce
+from ..comm.compressed import SEGMENT_ELEMS, compressed_allreduce
 from ..comm.hierarchical import hierarchical_allreduce
 from ..optim.qadam import QAdamOptimizer
 from .base import Algorithm, AlgorithmImpl
-from .gradient_allreduce import append_gradient_allreduce, hierarchical_node_groups
+from .gradient_allreduce import SEGMENT_SIZES, append_gradient_allreduce, hierarchical_node_groups
+from .tunable import Tunable
 
 COMPRESSION = "minmax_uint8"
 
@@ -46,6 +48,7 @@ class QAdamImpl(AlgorithmImpl):
         # per dtype and device: the parameters with their param groups, and a scratch buffer
         self._momentum_buffers: list[tuple[list[tuple[torch.Tensor, dict]], torch.Tensor]] = []
         self._covered: set[int] = set()  # ids of those parameters
+        self.segment_elems = SEGMENT_ELEMS  # of the compressed momentum allreduce
         optimizer.momentum_communicator = self  # the wrapper built last wins; close() detaches it
 
     # --- the wrapper's hooks ------------------------------------------------------------------
@@ -69,6 +72,16 @@ class QAdamImpl(AlgorithmImpl):
 
     def init_operations(self, ddp, bucket: Bucket) -> None:
         append_gradient_allreduce(bucket, self.process_group, average=True, node_groups=self.node_groups)
+
+    def tunables(self, ddp) -> dict[str, Tunable]:
+        """The bucket size (warm-up's gradient buckets) and the segment size of the momentum's
+        compressed allreduce, whose buffers do not follow the buckets."""
+        return {**super().tunables(ddp), "segment_elems": Tunable(SEGMENT_SIZES, self.segment_elems)}
+
+    def set_tunable(self, ddp, name: str, value: object) -> None:
+        if name != "segment_elems":
+            super().set_tunable(ddp, name, value)
+        self.segment_elems = int(value)
 
     def ready_on_backward(self, ddp) -> bool:
         # the optimizer's step count: the same for every backward of one step (accumulation)
@@ -100,9 +113,11 @@ class QAdamImpl(AlgorithmImpl):
                 views.append((m, denom, view))
                 offset += m.numel()
             if self.node_groups is not None:
-                hierarchical_allreduce(scratch, op=ReduceOp.AVG, compression=COMPRESSION, groups=self.node_groups)
+                hierarchical_allreduce(scratch, op=ReduceOp.AVG, compression=COMPRESSION, groups=self.node_groups,
+                                       segment_elems=self.segment_elems)
             else:
-                allreduce(scratch, op=ReduceOp.AVG, group=self.process_group, compression=COMPRESSION)
+                compressed_allreduce(scratch, op=ReduceOp.AVG, codec=COMPRESSION, group=self.process_group,
+                                     segment_elems=self.segment_elems)
             for m, denom, view in views:
                 torch.mul(view, denom, out=m)
 

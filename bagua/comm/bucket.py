@@ -65,12 +65,15 @@ class Bucket:
                 f"{sorted(map(str, dtypes))} on {sorted(map(str, devices))}; make one bucket per kind"
             )
         self.name = name
+        self._rebound = rebind
         self.dtype = tensors[0].dtype
         self.device = tensors[0].device
         self.numels = [t.numel() for t in tensors]
         self.tensors = tensors
         self._ops: list[tuple[str, BucketOp]] = []
         region = _shared_region(tensors) if rebind else None
+        #: the flat buffer is a stretch of someone else's (adopted), not this bucket's own
+        self.adopted = region is not None
         if region is not None:  # already one flat buffer (e.g. a fused optimizer's): adopt it
             self.flat, self.offsets = region
             self.views = [t.data for t in tensors]
@@ -96,6 +99,28 @@ class Bucket:
     @property
     def nbytes(self) -> int:
         return self.flat.nbytes
+
+    def release(self) -> None:
+        """Give each tensor rebound to this bucket's own buffer storage of its own again (a copy
+        of its view, shared by the tensor and its view), so that new buckets can be built from
+        them as from fresh tensors. An adopted buffer stays where it is. The bucket is unusable
+        afterwards.
+
+        Example::
+
+            for b in old_buckets:
+                b.release()
+            new_buckets = [Bucket(group) for group in regrouped]
+        """
+        if self.adopted or not self._rebound:
+            return
+        for t, view in zip(self.tensors, self.views):
+            own = view.detach().clone()
+            view.data = own
+            if t is not view:
+                t.data = own
+        self.flat = self.flat[:0]
+        self._ops.clear()
 
     def is_intact(self) -> bool:
         """Whether every tensor still lives in the flat buffer (nobody replaced its storage)."""

@@ -64,10 +64,33 @@ class BaguaProcessGroup:
     backend: str
     stripes: tuple[dist.ProcessGroup, ...] = field(default=(), compare=False, repr=False)
     min_chunk: int = field(default=_stripes.DEFAULT_MIN_CHUNK_BYTES, compare=False, repr=False)
+    _streams_in_use: list[int] = field(default_factory=list, compare=False, repr=False)  # [k] once limited
 
     @property
     def size(self) -> int:
         return len(self.ranks)
+
+    @property
+    def streams(self) -> int:
+        """How many stripes a large collective on this group may use: all of them (``1 +
+        len(stripes)``) unless ``use_streams`` chose fewer."""
+        return self._streams_in_use[0] if self._streams_in_use else 1 + len(self.stripes)
+
+    def use_streams(self, k: int) -> None:
+        """From now on spread large collectives over at most ``k`` of this group's stripes (every
+        member calls it, between collectives). Results do not change (see ``stripes.py``).
+
+        Example::
+
+            group.use_streams(2)     # of the 4 that init_process_group(streams=4) made
+        """
+        available = 1 + len(self.stripes)
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= available:
+            raise ValueError(
+                f"streams must be an integer in [1, {available}] (this group has {available} stripes; "
+                f"bagua.init_process_group(streams=K) makes more), got {k!r}"
+            )
+        self._streams_in_use[:] = [k]
 
     def rank_of(self, global_rank: int) -> int:
         """This group's rank of a global rank."""

@@ -135,10 +135,11 @@ def can_stripe(pg: "BaguaProcessGroup", device_type: str) -> bool:
 
 
 def stripe_count(pg: "BaguaProcessGroup", nbytes: int, device_type: str) -> int:
-    """How many stripes a collective on ``nbytes`` bytes uses: ``min(K, nbytes // min_chunk)``, at least 1."""
+    """How many stripes a collective on ``nbytes`` bytes uses: ``min(K, nbytes // min_chunk)``, at
+    least 1 (K: the group's stripes in use, ``pg.streams``)."""
     if not can_stripe(pg, device_type):
         return 1
-    return max(1, min(1 + len(pg.stripes), nbytes // pg.min_chunk))
+    return max(1, min(pg.streams, nbytes // pg.min_chunk))
 
 
 def stripe_groups(pg: "BaguaProcessGroup", count: int) -> list:

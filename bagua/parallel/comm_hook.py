@@ -66,7 +66,13 @@ def register(ddp: "DistributedDataParallel", state: Any, hook: Callable[[Any, Gr
         raise RuntimeError("register_comm_hook can only be called once (as with torch DDP)")
     if ddp.step:
         raise RuntimeError("register_comm_hook must be called before the first training step")
-    ddp._comm_hook = hook
+    ddp._comm_hook = (state, hook)
+    append_hook_ops(ddp)
+
+
+def append_hook_ops(ddp: "DistributedDataParallel") -> None:
+    """Make the registered hook the only op of each of ``ddp``'s buckets (again after a rebucket)."""
+    state, hook = ddp._comm_hook
     for index, bucket in enumerate(ddp.buckets):
         params = [ddp.named_parameter(name) for name in ddp.names_in(bucket)]
         grad_bucket = GradBucket(index, len(ddp.buckets), bucket, params)

@@ -1,0 +1,108 @@
+"""Changing how the wrapper moves bytes, between steps: buckets, stripes, an algorithm's tunables.
+
+``rebucket`` rebuilds the buckets at another size as if the wrapper had been built with it:
+gradients, weights, optimizer state (a fused optimizer's flat buffers included) and the
+algorithm's per-bucket state carry over, value for value. ``configure`` applies any of
+``tunables``: the bucket size, the number of stripes the wrapper's collectives spread over
+(``streams``, when ``init_process_group(streams=K)`` made several) and what the algorithm
+declares. None of them changes a result (see each algorithm's ``tunables``); every rank must
+call them at the same point between two steps, as the autotuner does.
+
+Example::
+
+    ddp.rebucket(4 << 20)
+    ddp.configure(bucket_size_bytes=8 << 20, segment_elems=1 << 18)    # bytegrad
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..algorithms.tunable import Tunable, powers_of_two
+from ..comm import stripes
+from . import comm_hook
+
+if TYPE_CHECKING:
+    from .ddp import DistributedDataParallel
+
+
+def tunables(ddp: "DistributedDataParallel") -> dict[str, Tunable]:
+    """What ``configure`` may set on ``ddp``, by name, with the choices the autotuner tries.
+    With a communication hook the buckets are the hook's business: only ``streams`` remains."""
+    space = {} if ddp._comm_hook is not None else dict(ddp.impl.tunables(ddp))
+    group = ddp.comm_group
+    if stripes.can_stripe(group, ddp.buckets[0].device.type):
+        available = 1 + len(group.stripes)
+        choices = sorted({k for k in powers_of_two(1, 64) if k <= available} | {available})
+        space["streams"] = Tunable(tuple(choices), group.streams)
+    return space
+
+
+def configure(ddp: "DistributedDataParallel", settings: dict[str, Any]) -> None:
+    """Apply ``settings`` (names from ``tunables(ddp)``) to ``ddp`` between steps."""
+    _check_between_steps(ddp, "configure")
+    space = tunables(ddp)
+    for name, value in settings.items():
+        if name not in space:
+            raise ValueError(
+                f"{name!r} is not tunable for {ddp.algorithm!r} here; tunable: {sorted(space) or 'nothing'}"
+            )
+        if name == "bucket_size_bytes":
+            _check_bucket_size(value)
+        elif not space[name].allows(value):
+            raise ValueError(f"{name} must be one of {list(space[name].choices)}, got {value!r}")
+    ops_changed = False
+    for name, value in settings.items():
+        if name == "streams":
+            ddp.comm_group.use_streams(value)
+        elif name != "bucket_size_bytes" and value != space[name].current:
+            ddp.impl.set_tunable(ddp, name, value)
+            ops_changed = True
+    size = settings.get("bucket_size_bytes", ddp.bucket_size_bytes)
+    if size != ddp.bucket_size_bytes:
+        rebucket(ddp, size)
+    elif ops_changed:
+        for bucket in ddp.buckets:
+            bucket.clear_ops()
+            ddp.impl.init_operations(ddp, bucket)
+
+
+def rebucket(ddp: "DistributedDataParallel", bucket_size_bytes: int) -> None:
+    """Rebuild ``ddp``'s buckets at ``bucket_size_bytes``, carrying every value over."""
+    _check_bucket_size(bucket_size_bytes)
+    _check_between_steps(ddp, "rebucket")
+    old = {id(b): (b, names) for b, names in zip(ddp.buckets, ddp._bucket_names)}
+
+    def carry(per_bucket: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        pieces: dict[str, torch.Tensor] = {}
+        for key, flat in per_bucket.items():
+            bucket, names = old[key]
+            for name, start, numel in zip(names, bucket.offsets, bucket.numels):
+                pieces[name] = flat[start:start + numel]
+        return {id(b): torch.cat([pieces[name] for name in names])
+                for b, names in zip(ddp.buckets, ddp._bucket_names) if all(name in pieces for name in names)}
+
+    for bucket, _ in old.values():
+        bucket.release()
+    ddp._build_buckets(bucket_size_bytes)
+    ddp.bucket_size_bytes = bucket_size_bytes
+    ddp.impl.on_rebucket(ddp, carry)
+    if ddp._comm_hook is not None:
+        comm_hook.append_hook_ops(ddp)
+
+
+def _check_bucket_size(value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"bucket_size_bytes must be a positive integer, got {value!r}")
+
+
+def _check_between_steps(ddp: "DistributedDataParallel", what: str) -> None:
+    if ddp._closed:
+        raise RuntimeError(f"{what}: this bagua.DistributedDataParallel was closed")
+    if ddp.engine.launched or ddp._marked or ddp._callback_queued:
+        raise RuntimeError(
+            f"{what} runs between steps: a backward of this wrapper is still in progress; call it "
+            f"before the next forward (after optimizer.step()), on every rank"
+        )
