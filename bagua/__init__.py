@@ -18,11 +18,11 @@ from .comm import (
     init_process_group,
     is_initialized,
 )
-from .parallel import DistributedDataParallel, with_bagua
+from .parallel import AutotuneConfig, AutotuneResult, DistributedDataParallel, with_bagua
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "DistributedDataParallel", "algorithms", "checkpoint", "comm", "data", "optim", "parallel", "with_bagua", "destroy_process_group", "get_local_rank", "get_local_size", "get_rank",
+    "AutotuneConfig", "AutotuneResult", "DistributedDataParallel", "algorithms", "checkpoint", "comm", "data", "optim", "parallel", "with_bagua", "destroy_process_group", "get_local_rank", "get_local_size", "get_rank",
     "get_world_size", "init_process_group", "is_initialized", "__version__",
 ]

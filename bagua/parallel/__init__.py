@@ -6,8 +6,9 @@ Example::
     model = bagua.parallel.DistributedDataParallel(model, [opt], algorithm="gradient_allreduce")
 """
 
+from .autotune import AutotuneConfig, AutotuneResult
 from .ddp import DistributedDataParallel, with_bagua
 from .state_sync import broadcast_module
 from .sync_batchnorm import SyncBatchNorm, convert_sync_batchnorm
 
-__all__ = ["DistributedDataParallel", "SyncBatchNorm", "broadcast_module", "convert_sync_batchnorm", "with_bagua"]
+__all__ = ["AutotuneConfig", "AutotuneResult", "DistributedDataParallel", "SyncBatchNorm", "broadcast_module", "convert_sync_batchnorm", "with_bagua"]

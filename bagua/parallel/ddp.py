@@ -31,10 +31,12 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from .. import comm
 from ..algorithms.base import Algorithm, AlgorithmImpl, resolve
+from ..algorithms.tunable import Tunable
 from ..comm import Bucket, Engine
 from ..comm.checks import trusted
 from ..optim.fused import gradient_home
-from . import comm_hook, join as _join
+from . import comm_hook, join as _join, reconfigure
+from .autotune import AutotuneConfig, AutotuneResult, Tuner, resolve_autotune
 from .state_sync import BufferBroadcast, broadcast_tensors, check_same_model, sync_optimizer_states
 from .torch_options import DEFAULT_BUCKET_SIZE_BYTES, TorchOptions, resolve_process_group, torch_options
 from .wrapping import WrapperLink, check_module, checked_optimizers, ignored_names
@@ -60,6 +62,9 @@ class DistributedDataParallel(torch.nn.Module):
         broadcast_buffers: every training step ends with the first rank's buffers (BatchNorm
             statistics) on every rank, in one message per dtype.
         init_sync: broadcast parameters, buffers and optimizer state at wrap time (default).
+        autotune: search the system parameters (``tunables()``) during the first steps and keep
+            the fastest: True, or a ``bagua.AutotuneConfig``; default ``BAGUA_AUTOTUNE`` (off).
+            Results are unchanged; see ``bagua.parallel.autotune``.
 
     torch DDP's other keyword arguments are accepted with torch's meaning (``device_ids``,
     ``output_device``, ``dim``, ``bucket_cap_mb``, ``gradient_as_bucket_view``,
@@ -80,11 +85,13 @@ class DistributedDataParallel(torch.nn.Module):
         find_unused_parameters: bool = False,
         broadcast_buffers: Optional[bool] = None,
         init_sync: bool = True,
+        autotune: Union[None, bool, AutotuneConfig] = None,
         **torch_ddp_kwargs: Any,
     ):
         super().__init__()
         check_module(module)
         options = torch_options(module, bucket_size_bytes, broadcast_buffers, torch_ddp_kwargs)
+        tuning = resolve_autotune(autotune)
         if isinstance(optimizers, torch.optim.Optimizer):
             optimizers = [optimizers]
         if not comm.is_initialized():
@@ -129,6 +136,7 @@ class DistributedDataParallel(torch.nn.Module):
                 f"bagua.DistributedDataParallel(model, optimizers=[opt], algorithm=...)"
             )
         self._gradient_slots: dict[str, torch.Tensor] = {}
+        self.bucket_size_bytes = options.bucket_size_bytes
         self._build_buckets(options.bucket_size_bytes)
         has_buffers = bool(self.synced_buffers())  # torch DDP too looks once, at wrap time
         self._buffer_broadcast = BufferBroadcast(self.synced_buffers, self.comm_group) if self.broadcast_buffers and has_buffers else None
@@ -143,7 +151,7 @@ class DistributedDataParallel(torch.nn.Module):
         self.parameters_used_last_step: frozenset[str] = frozenset()
         self._callback_queued = False
         self._join: Optional[_join.JoinState] = None
-        self._comm_hook: Optional[Callable] = None
+        self._comm_hook: Optional[tuple[Any, Callable]] = None  # (state, hook)
         self._closed = False
         self._in_forward = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_grad_hook(n)) for n, p in self.named_trainable_parameters]
@@ -155,6 +163,7 @@ class DistributedDataParallel(torch.nn.Module):
         module._bagua_wrapper = link
         self._forget_at_exit = comm.at_teardown(link.process_exiting)
         self.impl.on_wrapped(self)
+        self._tuner = Tuner(self, tuning) if tuning is not None else None
 
     # --- buckets ------------------------------------------------------------------------------
     def gradient_slot(self, name: str) -> torch.Tensor:
@@ -194,6 +203,50 @@ class DistributedDataParallel(torch.nn.Module):
         """Where a fused optimizer keeps ``p``'s gradient in its flat buffer (None if nowhere)."""
         homes = (gradient_home(opt, p) for opt in self.optimizers)
         return next((h for h in homes if h is not None), None)
+
+    def rebucket(self, bucket_size_bytes: int) -> None:
+        """Rebuild the buckets at ``bucket_size_bytes``, between steps, on every rank: as if the
+        wrapper had been built with that size. Gradients, weights, optimizer state (a fused
+        optimizer's flat buffers too) and the algorithm's state carry over, value for value.
+
+        Example::
+
+            opt.step()
+            ddp.rebucket(4 << 20)      # before the next forward
+        """
+        reconfigure.rebucket(self, bucket_size_bytes)
+
+    def tunables(self) -> dict[str, Tunable]:
+        """The system parameters ``configure`` may set here (none changes a result), by name,
+        with their choices and current values: ``bucket_size_bytes``, ``streams`` (when
+        ``init_process_group(streams=K)`` made stripes) and what the algorithm declares.
+
+        Example::
+
+            ddp.tunables()["bucket_size_bytes"].current      # 26214400
+        """
+        return reconfigure.tunables(self)
+
+    def configure(self, **settings: Any) -> None:
+        """Apply system parameters from ``tunables()`` between steps, on every rank at the same
+        step (what the autotuner does at each trial).
+
+        Example::
+
+            ddp.configure(bucket_size_bytes=8 << 20, streams=2)
+        """
+        reconfigure.configure(self, settings)
+
+    @property
+    def autotune_result(self) -> Optional[AutotuneResult]:
+        """What autotuning chose, once it has finished (None before, or without autotune)."""
+        return self._tuner.result if self._tuner is not None else None
+
+    @property
+    def autotune_log(self) -> list[dict[str, Any]]:
+        """Every autotuning trial so far: its configuration, first step, score and outcome;
+        the same on every rank."""
+        return list(self._tuner.log) if self._tuner is not None else []
 
     def names_in(self, bucket: Bucket) -> list[str]:
         """The names (parameter names) of ``bucket``'s tensors, in bucket order."""
@@ -258,6 +311,8 @@ class DistributedDataParallel(torch.nn.Module):
             raise RuntimeError("this bagua.DistributedDataParallel was closed; wrap the module again to train it")
         if self._marked or self._callback_queued or self.engine.launched:
             self.reset()  # the previous backward raised before it ended
+        if self._tuner is not None:
+            self._tuner.on_step_begin(self)
         if self._join is not None:
             self._join.notify_active()
         now = comm.bytes_sent()
@@ -521,6 +576,8 @@ class DistributedDataParallel(torch.nn.Module):
                 for x, y in my_shard:            # shards of different lengths
                     ...
         """
+        if self._tuner is not None:
+            self._tuner.stop(self)  # a rank out of data would miss the tuner's collectives
         return _join.join(self, divide_by_initial_world_size, enable, throw_on_early_termination)
 
     def register_comm_hook(self, state: Any, hook: Callable) -> None:

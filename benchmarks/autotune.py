@@ -1,0 +1,309 @@
+#!/usr/bin/env python3
+"""Autotuning: the autotuned step time against the exhaustive grid of the same search space.
+
+Settings: 2 ranks under ``benchmarks/netns.py`` (each rank in its own network namespace behind a
+tbf-capped veth) at 100mbit and 1gbit; algorithms bytegrad and gradient_allreduce; the
+10M-parameter MLP of ``benchmarks/ddp.py`` (1024-1664x4-10, 40 MB of fp32 gradients), batch 64
+per rank, SGD with momentum. The search space is ``ddp.tunables()`` for that algorithm on that
+job (both ranks are one-rank nodes without stripes: the bucket size, and bytegrad's segment size),
+with the segment sizes cut to three values so that the grid stays a few minutes long.
+
+One job per (link, algorithm), all in one worker process per rank:
+
+1. grid: every configuration of the space, applied with ``ddp.configure``: one settling step and
+   ``--grid-steps`` timed steps; the median, max over ranks;
+2. autotuned: a fresh wrapper with ``autotune=AutotuneConfig(space=<the same>)``, trained until
+   tuning ends (the steps it took are counted);
+3. check: the default configuration, the grid's best and the autotuned one, ``--check-steps``
+   timed steps each, in ``--check-rounds`` interleaved rounds (A B C, B C A, ...), so that
+   drifts in machine load hit them alike. The key ratios come from this part.
+
+Targets: autotuned / grid best <= 1.05; tuning done within 60 steps; default / autotuned >= 1.15
+where the grid says the default is that far off.
+
+Usage::
+
+    python benchmarks/autotune.py                      # everything (root, iproute2), ~15 min
+    python benchmarks/autotune.py --rates 1gbit --algorithms gradient_allreduce
+    python benchmarks/autotune.py --from-json .bench/autotune.json   # tables and plot again
+
+The last line printed is the key ratios per job. Plot: step time of every trial with the grid's
+best as a line, ``benchmarks/figures/autotune_trials.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or under netns.py
+from _jobs import import_netns, run_job, save_run  # noqa: E402
+from ddp import make_batches, make_model, mlp_params, parse_mlp  # noqa: E402
+
+logger = logging.getLogger("benchmarks.autotune")
+
+HERE = Path(__file__).resolve().parent
+JSON_TAG = "@@bagua-autotune-bench@@ "
+DEFAULT_PLOT = HERE / "figures" / "autotune_trials.png"
+SEGMENTS = (1 << 18, 1 << 20, 1 << 22)  # the benchmark's cut of bytegrad's segment sizes
+
+
+# --------------------------------------------------------------------------------------------
+# worker (one rank)
+# --------------------------------------------------------------------------------------------
+
+
+class Trainer:
+    """One rank's model, optimizer, data and wrapper; ``steps(k)`` returns the k step times."""
+
+    def __init__(self, args: argparse.Namespace, autotune: Any = False):
+        import torch
+
+        import bagua
+
+        dims = parse_mlp(args.mlp)
+        self.model = make_model(dims, seed=0)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        self.ddp = bagua.DistributedDataParallel(self.model, [self.opt], args.algorithm, autotune=autotune)
+        self.batches = make_batches(dims, args.batch, 4, bagua.get_rank())
+        self.cursor = 0
+
+    def steps(self, k: int) -> list[float]:
+        import torch
+
+        times = []
+        for _ in range(k):
+            x, y = self.batches[self.cursor % len(self.batches)]
+            self.cursor += 1
+            t0 = time.perf_counter()
+            self.opt.zero_grad()
+            torch.nn.functional.cross_entropy(self.ddp(x), y).backward()
+            self.opt.step()
+            times.append(time.perf_counter() - t0)
+        return times
+
+    def measure(self, config: dict[str, Any], timed: int) -> float:
+        """Apply ``config``, one settling step, then the median of ``timed`` steps (max over ranks)."""
+        self.ddp.configure(**config)
+        self.steps(1)
+        return slowest(statistics.median(self.steps(timed)))
+
+
+def slowest(seconds: float) -> float:
+    import torch
+
+    import bagua
+
+    t = torch.tensor([seconds], dtype=torch.float64)
+    bagua.comm.allreduce(t, op="max")
+    return float(t.item())
+
+
+def search_space(ddp) -> dict[str, tuple]:
+    """The benchmark's space: every tunable with its own choices, segment sizes cut to three."""
+    return {name: (SEGMENTS if name == "segment_elems" else t.choices) for name, t in ddp.tunables().items()}
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    import torch
+
+    import bagua
+
+    torch.set_num_threads(1)
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    t_start = time.monotonic()
+
+    def log(msg: str) -> None:
+        if rank == 0:
+            print(f"[{args.setting}] {msg} ({time.monotonic() - t_start:.0f}s)", flush=True)
+
+    grid_trainer = Trainer(args)
+    default = {name: t.current for name, t in grid_trainer.ddp.tunables().items()}
+    space = search_space(grid_trainer.ddp)
+    log(f"{args.algorithm} on a {mlp_params(parse_mlp(args.mlp)) / 1e6:.1f}M-parameter MLP; space {space}")
+    grid_trainer.steps(2)  # warm up
+    grid = []
+    for values in itertools.product(*space.values()):
+        config = dict(zip(space, values))
+        seconds = grid_trainer.measure(config, args.grid_steps)
+        grid.append({"config": config, "step_time_s": seconds})
+        log(f"grid {config}: {seconds * 1e3:.0f} ms")
+    grid_default = grid_trainer.measure(default, args.grid_steps)
+    grid_trainer.ddp.close()
+
+    config = bagua.AutotuneConfig(space=space, seed=args.seed)
+    tuned_trainer = Trainer(args, autotune=config)
+    steps = 0
+    while tuned_trainer.ddp.autotune_result is None and steps < args.max_tuning_steps:
+        tuned_trainer.steps(1)
+        steps += 1
+    result = tuned_trainer.ddp.autotune_result
+    if result is None:
+        raise SystemExit(f"tuning did not end within {args.max_tuning_steps} steps")
+    log(result.describe())
+
+    best = min(grid, key=lambda g: g["step_time_s"])
+    contenders = {"default": default, "grid best": best["config"], "autotuned": result.config}
+    check: dict[str, list[float]] = {name: [] for name in contenders}
+    names = list(contenders)
+    for r in range(args.check_rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            check[name].append(tuned_trainer.measure(contenders[name], args.check_steps))
+    medians = {name: statistics.median(v) for name, v in check.items()}
+    log("check: " + ", ".join(f"{n} {m * 1e3:.0f} ms" for n, m in medians.items()))
+    job = {
+        "setting": args.setting, "algorithm": args.algorithm, "mlp": args.mlp, "space": {k: list(v) for k, v in space.items()},
+        "default": default, "grid": grid, "grid_default_s": grid_default, "grid_best": best,
+        "trials": tuned_trainer.ddp.autotune_log, "result": {**vars(result), "speedup": result.speedup},
+        "tuning_steps": steps, "check": check, "check_median_s": medians, "contenders": contenders,
+        "elapsed_s": time.monotonic() - t_start,
+    }
+    tuned_trainer.ddp.close()
+    if rank == 0:
+        print(JSON_TAG + json.dumps(job), flush=True)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# driver, report, plot
+# --------------------------------------------------------------------------------------------
+
+
+def key_ratios(job: dict[str, Any]) -> dict[str, Any]:
+    m = job["check_median_s"]
+    grid_times = [g["step_time_s"] for g in job["grid"]]
+    return {
+        "autotuned_vs_grid_best": m["autotuned"] / m["grid best"],
+        "default_vs_autotuned": m["default"] / m["autotuned"],
+        "grid_default_vs_best": job["grid_default_s"] / min(grid_times),
+        "tuning_steps": job["tuning_steps"],
+        "trials": job["result"]["trials"],
+    }
+
+
+def format_job(job: dict[str, Any]) -> str:
+    lines = [f"## {job['setting']}, {job['algorithm']} (MLP {job['mlp']}): grid of {len(job['grid'])} configurations"]
+    for g in sorted(job["grid"], key=lambda g: g["step_time_s"]):
+        lines.append(f"  grid   {g['step_time_s'] * 1e3:8.1f} ms  {g['config']}")
+    lines.append(f"  grid   {job['grid_default_s'] * 1e3:8.1f} ms  default {job['default']}")
+    for t in job["trials"]:
+        lines.append(f"  trial {t['trial']:2d} at step {t['step']:3d}: {t.get('step_time_s', float('nan')) * 1e3:8.1f} ms "
+                     f"{t.get('outcome', '-'):8s} {t['config']}")
+    r = job["result"]
+    lines.append(f"  tuned: {r['config']} after {job['tuning_steps']} steps ({r['trials']} trials)")
+    for name, values in job["check"].items():
+        lines.append(f"  check {name:10s} median {job['check_median_s'][name] * 1e3:8.1f} ms  "
+                     f"rounds {', '.join(f'{v * 1e3:.0f}' for v in values)}")
+    k = key_ratios(job)
+    lines.append(f"  autotuned / grid best {k['autotuned_vs_grid_best']:.3f} (target <= 1.05); default / autotuned "
+                 f"{k['default_vs_autotuned']:.2f}x (grid: default / best {k['grid_default_vs_best']:.2f}x); "
+                 f"{k['tuning_steps']} tuning steps (target <= 60)")
+    return "\n".join(lines)
+
+
+def plot(jobs: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(jobs), figsize=(4.2 * len(jobs), 3.6), squeeze=False)
+    for ax, job in zip(axes[0], jobs):
+        trials = [t for t in job["trials"] if "step_time_s" in t]
+        colors = ["tab:red" if t["outcome"] == "cut" else "tab:blue" for t in trials]
+        ax.scatter([t["trial"] for t in trials], [t["step_time_s"] * 1e3 for t in trials], c=colors, zorder=3)
+        best = job["grid_best"]["step_time_s"] * 1e3
+        ax.axhline(best, color="tab:green", label=f"grid best {best:.0f} ms")
+        ax.axhline(job["grid_default_s"] * 1e3, color="gray", linestyle="--", label="default (grid)")
+        ax.set_title(f"{job['algorithm']}, {job['setting']}", fontsize=9)
+        ax.set_xlabel("trial (red: cut short)")
+        ax.set_ylabel("step time (ms)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def report(jobs: list[dict[str, Any]], args: argparse.Namespace, failed: Sequence[str], elapsed: float) -> int:
+    print("\n" + "=" * 100)
+    print(f"Autotuning vs the exhaustive grid; step time: median over timed steps, max over ranks; {elapsed:.0f}s total")
+    for job in jobs:
+        print()
+        print(format_job(job))
+    if failed:
+        print(f"\nFAILED or skipped: {', '.join(failed)}")
+    key = {f"{j['setting']}/{j['algorithm']}": key_ratios(j) for j in jobs}
+    if args.out:
+        save_run(args.out, elapsed, failed, key, jobs=jobs)
+    if jobs and not args.no_plot:
+        plot(jobs, Path(args.plot))
+        print(f"wrote {args.plot}")
+    print("\nkey: " + "; ".join(
+        f"{name}: tuned/best {k['autotuned_vs_grid_best']:.3f}, default/tuned {k['default_vs_autotuned']:.2f}x, "
+        f"{k['tuning_steps']} steps" for name, k in key.items()))
+    return 0 if not failed else 1
+
+
+def run_driver(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="autotune-bench: %(levelname)s %(message)s")
+    netns = import_netns()
+    netns.check_requirements()
+    py, t0 = sys.executable, time.monotonic()
+    jobs, failed = [], []
+    for rate in args.rates:
+        for algorithm in args.algorithms:
+            setting = rate
+            worker = [str(Path(__file__).resolve()), "--worker", "--setting", setting, "--algorithm", algorithm,
+                      "--mlp", args.mlp, "--batch", str(args.batch), "--grid-steps", str(args.grid_steps),
+                      "--check-steps", str(args.check_steps), "--check-rounds", str(args.check_rounds),
+                      "--seed", str(args.seed), "--max-tuning-steps", str(args.max_tuning_steps)]
+            cmd = [py, str(HERE / "netns.py"), "--ranks", "2", "--rate", rate, "--timeout", str(args.timeout),
+                   "--", py, *worker]
+            print(f"\n### {setting} {algorithm} ({time.monotonic() - t0:.0f}s elapsed)", flush=True)
+            job = run_job(cmd, args.timeout + 60, JSON_TAG, logger)
+            (jobs.append(job) if job else failed.append(f"{setting} {algorithm}"))
+    return report(jobs, args, failed, time.monotonic() - t0)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="autotune.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rates", nargs="+", default=["100mbit", "1gbit"], help="tbf rates (default 100mbit 1gbit)")
+    p.add_argument("--algorithms", nargs="+", default=["bytegrad", "gradient_allreduce"])
+    p.add_argument("--mlp", default="1024-1664x4-10", help="model widths (default 1024-1664x4-10, 10.0M params)")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--grid-steps", type=int, default=3, help="timed steps per grid point (default 3)")
+    p.add_argument("--check-steps", type=int, default=3, help="timed steps per check (default 3)")
+    p.add_argument("--check-rounds", type=int, default=3, help="interleaved check rounds (default 3)")
+    p.add_argument("--seed", type=int, default=0, help="the sampler's seed")
+    p.add_argument("--max-tuning-steps", type=int, default=200, help="give up on a tuning that runs longer")
+    p.add_argument("--timeout", type=float, default=1200.0, help="seconds per job (default 1200)")
+    p.add_argument("--out", default=None, help="write all results as JSON here")
+    p.add_argument("--plot", default=str(DEFAULT_PLOT))
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--from-json", nargs="+", default=None, metavar="PATH", help="report saved runs again")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--setting", default="", help=argparse.SUPPRESS)
+    p.add_argument("--algorithm", default="gradient_allreduce", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.worker:
+        return run_worker(args)
+    if args.from_json:
+        jobs = [j for path in args.from_json for j in json.loads(Path(path).read_text())["jobs"]]
+        return report(jobs, args, [], sum(j.get("elapsed_s", 0) for j in jobs))
+    return run_driver(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

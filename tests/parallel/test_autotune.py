@@ -1,0 +1,181 @@
+"""Autotuning inside the training loop: the search, its agreement across ranks, and that it never
+changes a result."""
+
+from __future__ import annotations
+
+import csv
+import os
+import time
+
+import pytest
+import torch
+
+import bagua
+from tests.harness import run_ranks, run_ranks_expect_errors
+from tests.parallel.models import flat_params, make_model, rank_batches
+
+STEPS = 16
+SIZES = (64, 256, 1 << 20)  # bytes: a bucket per tensor, a few, one
+SMALLEST = 128  # the bucket size the tests wrap with: the default configuration
+QUICK = dict(max_trials=6, steps_per_trial=1, warmup_steps=1, space={"bucket_size_bytes": SIZES})
+
+
+def _train(rank: int, algorithm: str, autotune, by_hand=None, slow=None) -> dict:
+    """Train STEPS steps. ``by_hand``: {step: settings} applied with ``configure`` instead of tuning;
+    ``slow``: {bucket size: seconds} a step sleeps on rank 1 while that size is in use."""
+    model = make_model(seed=rank)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    ddp = bagua.DistributedDataParallel(model, [opt], algorithm, bucket_size_bytes=SMALLEST, autotune=autotune)
+    in_use = []
+    for step, (x, y) in enumerate(rank_batches(rank, STEPS)):
+        if by_hand and step in by_hand:
+            ddp.configure(**by_hand[step])
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+        in_use.append(ddp.bucket_size_bytes)  # what this step ran with
+        if slow and rank == 1:
+            time.sleep(slow.get(ddp.bucket_size_bytes, 0.0))
+    return {"weights": flat_params(model), "log": ddp.autotune_log, "result": ddp.autotune_result, "in_use": in_use}
+
+
+def test_tuning_changes_no_weight_and_every_rank_changes_at_the_same_step():
+    tuned = run_ranks(_train, 2, "gradient_allreduce", bagua.AutotuneConfig(**QUICK))
+    log = tuned[0]["log"]
+    assert len(log) >= 3 and tuned[0]["result"] is not None
+    assert tuned[1]["log"] == log  # the same trials, configurations, steps and scores on every rank
+    assert tuned[0]["in_use"] == tuned[1]["in_use"]
+    assert len(set(tuned[0]["in_use"])) >= 3  # it really tried several sizes
+    # the same sequence of configurations applied by hand: bit-identical weights
+    by_hand = {entry["step"]: entry["config"] for entry in log}
+    by_hand[tuned[0]["result"].applied_at_step - 1] = tuned[0]["result"].config
+    manual = run_ranks(_train, 2, "gradient_allreduce", False, by_hand)
+    untuned = run_ranks(_train, 2, "gradient_allreduce", False)
+    for rank in range(2):
+        assert manual[rank]["in_use"] == tuned[rank]["in_use"]
+        assert torch.equal(tuned[rank]["weights"], manual[rank]["weights"])
+        assert torch.equal(tuned[rank]["weights"], untuned[rank]["weights"])  # 2 ranks: sums are exact
+    assert torch.equal(tuned[0]["weights"], tuned[1]["weights"])
+
+
+@pytest.mark.parametrize("algorithm", ["bytegrad", "qadam_like_segments"])
+def test_tuning_a_compressed_algorithm_changes_no_weight(algorithm):
+    """bytegrad's 8-bit blocks follow each tensor, so bucket and segment sizes leave every bit."""
+    space = {"bucket_size_bytes": SIZES, "segment_elems": (1 << 16, 1 << 22)}
+    if algorithm == "qadam_like_segments":
+        space = {"segment_elems": (1 << 16, 1 << 18, 1 << 22)}
+    config = bagua.AutotuneConfig(max_trials=6, steps_per_trial=1, warmup_steps=1, space=space)
+    tuned = run_ranks(_train, 2, "bytegrad", config)
+    untuned = run_ranks(_train, 2, "bytegrad", False)
+    assert len({str(e["config"]) for e in tuned[0]["log"]}) >= 3
+    for rank in range(2):
+        assert torch.equal(tuned[rank]["weights"], untuned[rank]["weights"])
+
+
+def test_the_fastest_configuration_wins_the_slowest_rank_sets_the_score_and_slow_trials_are_cut():
+    slow = {SMALLEST: 0.02, 64: 0.25, 256: 0.0, 1 << 20: 0.05}  # rank 1 alone sleeps: its steps set the pace
+    config = bagua.AutotuneConfig(max_trials=8, steps_per_trial=3, warmup_steps=1, space={"bucket_size_bytes": SIZES})
+    out = run_ranks(_train, 2, "gradient_allreduce", config, None, slow)
+    result, log = out[0]["result"], out[0]["log"]
+    assert result.config == {"bucket_size_bytes": 256}
+    assert len(log) == 4  # the default (128 bytes) and the three sizes, each once: the space is exhausted
+    scores = {e["config"]["bucket_size_bytes"]: e for e in log}
+    assert scores[64]["outcome"] == "cut" and scores[64]["step_time_s"] >= 0.25  # rank 1's sleep counts
+    assert scores[1 << 20]["step_time_s"] >= 0.05  # cut as well (over 3x the best), or complete
+    assert result.step_time_s < 0.02 <= result.default_step_time_s == scores[SMALLEST]["step_time_s"]
+    assert result.speedup > 1
+    # tuning ended within the budget: warm-up, then one settling and three timed steps per trial
+    assert result.applied_at_step <= 1 + 4 * 4 + 1
+    assert out[0]["in_use"][result.applied_at_step:] == [256] * (STEPS - result.applied_at_step)
+
+
+def _csv_and_line(rank: int, path: str) -> dict:
+    import logging
+
+    os.environ["BAGUA_AUTOTUNE_LOG"] = path
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("bagua.parallel.autotune").addHandler(handler)
+    logging.getLogger("bagua.parallel.autotune").setLevel(logging.INFO)
+    out = _train(rank, "gradient_allreduce", bagua.AutotuneConfig(**QUICK))
+    out["lines"] = [r.getMessage() for r in records]
+    return out
+
+
+def test_every_trial_goes_to_the_csv_log_and_rank0_logs_one_line(tmp_path):
+    path = str(tmp_path / "trials.csv")
+    out = run_ranks(_csv_and_line, 2, path)
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["trial"]) for r in rows] == [e["trial"] for e in out[0]["log"]]
+    assert rows[0]["bucket_size_bytes"] == str(SMALLEST) and float(rows[0]["step_time_s"]) > 0
+    assert len(out[0]["lines"]) == 1 and out[1]["lines"] == []
+    assert out[0]["lines"][0].startswith("bagua autotune: bucket_size_bytes=") and "ms/step" in out[0]["lines"][0]
+
+
+def _initial(rank: int) -> dict:
+    import sys
+
+    sys.modules["optuna"] = None  # a configuration found before needs no search, so no optuna
+    config = bagua.AutotuneConfig(initial={"bucket_size_bytes": 1 << 20})
+    return _train(rank, "gradient_allreduce", config)
+
+
+def test_a_saved_result_is_applied_at_wrap_time_without_searching():
+    for out in run_ranks(_initial, 2):
+        assert out["in_use"] == [1 << 20] * STEPS and out["log"] == []
+        assert out["result"].config == {"bucket_size_bytes": 1 << 20}
+
+
+def _env(rank: int, value: str) -> dict:
+    os.environ["BAGUA_AUTOTUNE"] = value
+    return _train(rank, "gradient_allreduce", None)
+
+
+def test_bagua_autotune_env_turns_it_on():
+    out = run_ranks(_env, 2, "1")
+    assert len(out[0]["log"]) >= 2  # the default budget is longer than this run: still tuning
+    assert run_ranks(_env, 2, "0")[0]["log"] == []
+
+
+def test_streams_join_the_search_where_there_are_stripes():
+    init = {"streams": 2}
+    config = bagua.AutotuneConfig(max_trials=8, steps_per_trial=1, warmup_steps=1,
+                                  space={"streams": (1, 2), "bucket_size_bytes": (256,)})
+    tuned = run_ranks(_train, 2, "gradient_allreduce", config, init_kwargs=init)
+    untuned = run_ranks(_train, 2, "gradient_allreduce", False, init_kwargs=init)
+    assert {e["config"]["streams"] for e in tuned[0]["log"]} == {1, 2}
+    assert len(tuned[0]["log"]) == 3 and tuned[0]["result"] is not None  # the default, then the space, exhausted
+    assert torch.equal(tuned[0]["weights"], untuned[0]["weights"])
+
+
+def _bad(rank: int, case: str):
+    import sys
+
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if case == "no_optuna":
+        sys.modules["optuna"] = None
+        bagua.DistributedDataParallel(model, [opt], autotune=True)
+    elif case == "nothing_to_tune":
+        bagua.DistributedDataParallel(model, [opt], "low_precision_decentralized", autotune=True)
+    elif case == "env":
+        os.environ["BAGUA_AUTOTUNE"] = "yes"
+        bagua.DistributedDataParallel(model, [opt])
+    elif case == "space":
+        bagua.DistributedDataParallel(model, [opt], autotune=bagua.AutotuneConfig(space={"segment_elems": (1024,)}))
+    elif case == "config":
+        bagua.AutotuneConfig(steps_per_trial=0)
+
+
+@pytest.mark.parametrize("case,message", [
+    ("no_optuna", "pip install 'bagua[autotune]'"),
+    ("nothing_to_tune", "autotune: nothing to tune for LowPrecisionDecentralizedAlgorithm"),
+    ("env", "environment variable BAGUA_AUTOTUNE must be 0 or 1, got 'yes'"),
+    ("space", "AutotuneConfig.space: ['segment_elems'] not tunable here; tunable: ['bucket_size_bytes']"),
+    ("config", "AutotuneConfig.steps_per_trial must be an integer >= 1, got 0"),
+])
+def test_bad_input_is_a_clear_error(case, message):
+    errors = run_ranks_expect_errors(_bad, 2, case, timeout=60)
+    assert all(message in tb for tb in errors.values()), errors[0]
