@@ -37,7 +37,7 @@ import logging
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 import torch
@@ -45,7 +45,7 @@ import torch
 from .. import comm
 from ..algorithms.base import check_positive_int
 from ..algorithms.tunable import Tunable
-from . import reconfigure
+from . import bucketing
 
 if TYPE_CHECKING:
     from .ddp import DistributedDataParallel
@@ -149,14 +149,14 @@ class Tuner:
 
     def __init__(self, ddp: "DistributedDataParallel", config: AutotuneConfig):
         self.config = config
-        self.space = _search_space(reconfigure.tunables(ddp), config.space)
+        self.space = _search_space(bucketing.tunables(ddp), config.space)
         self.default = {name: t.current for name, t in self.space.items()}
         self.log: list[dict[str, Any]] = []  #: every trial, identical on every rank
         self.result: Optional[AutotuneResult] = None
         self._src = ddp.comm_group.ranks[0]
         self._study = None
         if config.initial is not None:
-            unknown = sorted(set(config.initial) - set(reconfigure.tunables(ddp)))
+            unknown = sorted(set(config.initial) - set(bucketing.tunables(ddp)))
             if unknown:
                 raise ValueError(f"AutotuneConfig.initial: {unknown} not tunable here; tunable: {sorted(self.space)}")
             ddp.configure(**config.initial)
@@ -212,7 +212,7 @@ class Tuner:
     def _begin_search(self, ddp: "DistributedDataParallel") -> None:
         """The first trial: the configuration in use. The space is read again now (a
         communication hook registered after wrapping leaves fewer tunables)."""
-        self.space = _search_space(reconfigure.tunables(ddp), self.config.space)
+        self.space = _search_space(bucketing.tunables(ddp), self.config.space)
         self.default = {name: t.current for name, t in self.space.items()}
         if not self.space:
             logger.warning("autotune: nothing left to tune for %r (a communication hook owns the buckets)", ddp.algorithm)

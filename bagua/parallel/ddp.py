@@ -32,14 +32,14 @@ from torch.utils._pytree import tree_flatten, tree_map
 from .. import comm
 from ..algorithms.base import Algorithm, AlgorithmImpl, resolve
 from ..algorithms.tunable import Tunable
-from ..comm import Bucket, Engine
-from ..comm.checks import trusted
+from ..comm import Bucket
 from ..optim.fused import gradient_home
-from . import comm_hook, join as _join, reconfigure
+from . import bucketing, comm_hook, join as _join, unused_parameters
+from .bucketing import gradient_into
 from .autotune import AutotuneConfig, AutotuneResult, Tuner, resolve_autotune
 from .state_sync import BufferBroadcast, broadcast_tensors, check_same_model, sync_optimizer_states
 from .torch_options import DEFAULT_BUCKET_SIZE_BYTES, TorchOptions, resolve_process_group, torch_options
-from .wrapping import WrapperLink, check_module, checked_optimizers, ignored_names
+from .wrapping import WrapperLink, check_module, checked_optimizers, ignored_names, step_pre_hook
 
 __all__ = ["DEFAULT_BUCKET_SIZE_BYTES", "DistributedDataParallel", "with_bagua"]
 
@@ -137,7 +137,7 @@ class DistributedDataParallel(torch.nn.Module):
             )
         self._gradient_slots: dict[str, torch.Tensor] = {}
         self.bucket_size_bytes = options.bucket_size_bytes
-        self._build_buckets(options.bucket_size_bytes)
+        bucketing.build(self, options.bucket_size_bytes)
         has_buffers = bool(self.synced_buffers())  # torch DDP too looks once, at wrap time
         self._buffer_broadcast = BufferBroadcast(self.synced_buffers, self.comm_group) if self.broadcast_buffers and has_buffers else None
 
@@ -156,7 +156,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._in_forward = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_grad_hook(n)) for n, p in self.named_trainable_parameters]
         for opt in self.optimizers:
-            self._hooks.append(opt.register_step_pre_hook(self._step_pre_hook))
+            self._hooks.append(opt.register_step_pre_hook(step_pre_hook(lambda: self.impl.on_optimizer_step_pre(self))))
             self._hooks.append(opt.register_step_post_hook(lambda *_: self.impl.on_optimizer_step_post(self)))
         link = WrapperLink(self)
         self._hooks.append(module.register_load_state_dict_post_hook(link.weights_loaded))
@@ -177,28 +177,6 @@ class DistributedDataParallel(torch.nn.Module):
         self._gradient_slots[name] = slot
         return slot
 
-    def _build_buckets(self, bucket_size_bytes: int) -> None:
-        named = self.impl.tensors_to_communicate(self)
-        groups = [group for group in self.impl.bucket_tensors(named, bucket_size_bytes) if group]
-        self.buckets = [
-            Bucket([t for _, t in group], name=f"bucket{i}[{group[0][0]}..{group[-1][0]}]")
-            for i, group in enumerate(groups)
-        ]
-        self._bucket_names = [[name for name, _ in group] for group in groups]
-        self._slot = {name: (b, i) for b, group in enumerate(groups) for i, (name, _) in enumerate(group)}
-        # where each gradient lives: its bucket view, or (weight algorithms) a fused optimizer's slot
-        self._grad_view: dict[str, torch.Tensor] = {}
-        for name, (b, i) in self._slot.items():
-            if name in self._gradient_slots and self.buckets[b].tensors[i] is self._gradient_slots[name]:
-                self._grad_view[name] = self.buckets[b].views[i]
-        for name, p in self.named_trainable_parameters:
-            home = self._gradient_home(p)
-            if name not in self._grad_view and home is not None:
-                self._grad_view[name] = home
-        for bucket in self.buckets:
-            self.impl.init_operations(self, bucket)
-        self.engine = Engine(self.buckets, group=self.comm_group)
-
     def _gradient_home(self, p: torch.Tensor) -> Optional[torch.Tensor]:
         """Where a fused optimizer keeps ``p``'s gradient in its flat buffer (None if nowhere)."""
         homes = (gradient_home(opt, p) for opt in self.optimizers)
@@ -214,7 +192,7 @@ class DistributedDataParallel(torch.nn.Module):
             opt.step()
             ddp.rebucket(4 << 20)      # before the next forward
         """
-        reconfigure.rebucket(self, bucket_size_bytes)
+        bucketing.rebucket(self, bucket_size_bytes)
 
     def tunables(self) -> dict[str, Tunable]:
         """The system parameters ``configure`` may set here (none changes a result), by name,
@@ -225,7 +203,7 @@ class DistributedDataParallel(torch.nn.Module):
 
             ddp.tunables()["bucket_size_bytes"].current      # 26214400
         """
-        return reconfigure.tunables(self)
+        return bucketing.tunables(self)
 
     def configure(self, **settings: Any) -> None:
         """Apply system parameters from ``tunables()`` between steps, on every rank at the same
@@ -235,7 +213,7 @@ class DistributedDataParallel(torch.nn.Module):
 
             ddp.configure(bucket_size_bytes=8 << 20, streams=2)
         """
-        reconfigure.configure(self, settings)
+        bucketing.configure(self, settings)
 
     @property
     def autotune_result(self) -> Optional[AutotuneResult]:
@@ -333,7 +311,7 @@ class DistributedDataParallel(torch.nn.Module):
         for name, view in self._grad_view.items():
             p = self._params[name]
             if p.grad is not None:
-                _gradient_into(p, view)
+                gradient_into(p, view)
 
     def _watch_backward_start(self, output: Any) -> Any:
         """Queue the end-of-backward callback from the outputs' gradient hooks: they run in the
@@ -377,7 +355,7 @@ class DistributedDataParallel(torch.nn.Module):
         def hook(param: torch.Tensor) -> None:
             view = self._grad_view.get(name)
             if view is not None:
-                _gradient_into(param, view)  # a fresh gradient (after zero_grad(set_to_none=True))
+                gradient_into(param, view)  # a fresh gradient (after zero_grad(set_to_none=True))
             self._used.add(name)
             if not self._sync_backward:
                 return  # inside no_sync(), or a backward of no training forward
@@ -421,12 +399,12 @@ class DistributedDataParallel(torch.nn.Module):
                         f"find_unused_parameters=True if parts of the model are skipped on purpose"
                     )
                 for name in unused:  # they count as zero (or as what they accumulated) this step
-                    self._contribute_unused(name)
+                    unused_parameters.contribute(self, name)
                     self.mark_ready(name)
             if self._marked:
                 self.engine.wait()
             if self.find_unused_parameters and self.impl.ready_on_backward(self):
-                self._adopt_averaged_gradients(unused)
+                unused_parameters.adopt_averaged_gradients(self, unused)
         finally:
             self._marked.clear()
         self._finish_synced_step()
@@ -440,49 +418,6 @@ class DistributedDataParallel(torch.nn.Module):
         if self._buffer_broadcast is not None:
             self._buffer_broadcast.finish()
         self.impl.on_backward_end(self)
-
-    def _shadow_step(self) -> None:
-        """One step of the others, shadowed by a rank whose data ran out (``join()``): zero
-        gradients into every bucket, then what ends a synced step."""
-        with torch.no_grad():
-            for bucket in self.buckets:
-                bucket.flat.zero_()
-        self._buffers_sent = False
-        self._start_buffer_broadcast()
-        self.mark_all_ready()
-        try:
-            self.engine.wait()
-            if self.find_unused_parameters:
-                self._adopt_averaged_gradients(list(self._slot))
-        finally:
-            self._marked.clear()
-        self._finish_synced_step()
-
-    def _contribute_unused(self, name: str) -> None:
-        """A parameter this backward did not reach contributes its gradient as it is (what it
-        accumulated inside ``no_sync()``), or zeros when it has none; its ``.grad`` stays as it
-        is until the ranks agree whether anyone used it."""
-        view, p = self._grad_view.get(name), self._params[name]
-        if view is None:
-            return
-        if p.grad is None:
-            view.zero_()
-        else:
-            _gradient_into(p, view)
-
-    def _adopt_averaged_gradients(self, locally_unused: list[str]) -> None:
-        """After the buckets: a parameter some rank used gets the averaged gradient; one no rank
-        used keeps its gradient untouched (None stays None), as with torch DDP."""
-        if self.comm_group.size == 1:
-            return
-        names = list(self._slot)
-        used = torch.tensor([name in self._used for name in names], dtype=torch.int32)
-        with trusted():  # every rank sends the same layout, at the same point of every step
-            comm.allreduce(used, op=comm.ReduceOp.MAX, group=self.comm_group)
-        unused = set(locally_unused)
-        for name, anyone in zip(names, used.tolist()):
-            if anyone and name in unused and name in self._grad_view:
-                self._params[name].grad = self._grad_view[name]
 
     def _drain_engine(self) -> None:
         try:
@@ -524,25 +459,6 @@ class DistributedDataParallel(torch.nn.Module):
         self._used.clear()
 
     # --- the optimizer's step -------------------------------------------------------------------
-    def _step_pre_hook(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict):
-        # torch passes step()'s own arguments, the optimizer first: (optimizer, closure?)
-        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
-        if closure is None:
-            self.impl.on_optimizer_step_pre(self)
-            return None
-        ran = []
-
-        def closure_then_pre_step():
-            loss = closure()
-            if not ran:  # once per step, after the closure's forward and backward (LBFGS calls it often)
-                ran.append(True)
-                self.impl.on_optimizer_step_pre(self)
-            return loss
-
-        if "closure" in kwargs:
-            return args, {**kwargs, "closure": closure_then_pre_step}
-        return (args[0], closure_then_pre_step, *args[2:]), kwargs
-
     # --- torch DDP's methods ----------------------------------------------------------------------
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -656,14 +572,6 @@ class DistributedDataParallel(torch.nn.Module):
 
 def _to_device(tree: Any, device: torch.device) -> Any:
     return tree_map(lambda t: t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t, tree)
-
-
-def _gradient_into(p: torch.Tensor, view: torch.Tensor) -> None:
-    """Make ``view`` (a bucket view or a fused optimizer's flat slot) ``p``'s gradient, copying
-    ``p.grad`` (not None) into it unless it already lives there."""
-    if p.grad.data_ptr() != view.data_ptr():
-        view.copy_(p.grad)
-        p.grad = view
 
 
 def with_bagua(

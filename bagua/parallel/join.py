@@ -28,6 +28,7 @@ import torch
 
 from .. import comm
 from ..comm.checks import trusted
+from . import unused_parameters
 from .state_sync import broadcast_tensors, sync_optimizer_states
 
 if TYPE_CHECKING:
@@ -76,10 +77,27 @@ class JoinState:
             for bucket in self.ddp.buckets:
                 bucket.flat.mul_(self.group.size / training)
 
+    def _shadow_step(self) -> None:
+        """One step of the others: zero gradients into every bucket, then what ends a synced step."""
+        ddp = self.ddp
+        with torch.no_grad():
+            for bucket in ddp.buckets:
+                bucket.flat.zero_()
+        ddp._buffers_sent = False
+        ddp._start_buffer_broadcast()
+        ddp.mark_all_ready()
+        try:
+            ddp.engine.wait()
+            if ddp.find_unused_parameters:
+                unused_parameters.adopt_averaged_gradients(ddp, list(ddp._slot))
+        finally:
+            ddp._marked.clear()
+        ddp._finish_synced_step()
+
     def shadow_until_everyone_is_done(self) -> None:
         """This rank's data ran out: shadow the others' steps, then take the last one's state."""
         while any(self._round(False)):
-            self.ddp._shadow_step()
+            self._shadow_step()
         last = next(r for r, a in zip(self.group.ranks, self.previous) if a)
         broadcast_tensors(self.ddp._synced_parameters() + self.ddp.synced_buffers(), self.group, last)
         sync_optimizer_states(self.ddp.optimizers, self.group, last)

@@ -1,6 +1,7 @@
-"""What wrapping a module checks and leaves on it: the arguments' checks, and the module's weak
+"""What wrapping a module checks and leaves on it: the arguments' checks, the module's weak
 link back to its wrapper (``module._bagua_wrapper``), through which a ``load_state_dict``, the
-process's exit, or (``attach_to_module``) a call of the module itself reach the wrapper.
+process's exit, or (``attach_to_module``) a call of the module itself reach the wrapper, and the
+hook on each optimizer's ``step()``.
 
 Example::
 
@@ -12,7 +13,7 @@ Example::
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 import torch
 
@@ -129,3 +130,34 @@ def checked_optimizers(optimizers: Iterable[Any], params: Iterable[torch.Tensor]
             )
         checked.append(opt)
     return checked
+
+
+def step_pre_hook(pre_step: Callable[[], None]) -> Callable:
+    """An optimizer step pre-hook that runs ``pre_step()`` before the update: at once, or with
+    ``step(closure)`` once the closure (forward and backward) has first run (LBFGS calls it
+    often), so the algorithm's pre-step work sees this step's gradients.
+
+    Example::
+
+        opt.register_step_pre_hook(step_pre_hook(lambda: print("updating")))
+    """
+    def hook(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict):
+        # torch passes step()'s own arguments, the optimizer first: (optimizer, closure?)
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if closure is None:
+            pre_step()
+            return None
+        ran = []
+
+        def closure_then_pre_step():
+            loss = closure()
+            if not ran:
+                ran.append(True)
+                pre_step()
+            return loss
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": closure_then_pre_step}
+        return (args[0], closure_then_pre_step, *args[2:]), kwargs
+
+    return hook

@@ -79,7 +79,8 @@ import os, sys
 # a file per rank: the ranks' lines on one stdout can interleave
 with open(os.path.join(os.path.dirname(__file__), "rank" + os.environ["RANK"]), "w") as out:
     out.write(" ".join(["worker", os.environ["RANK"], os.environ["BAGUA_DEFAULT_BUCKET_SIZE"],
-                        str(os.environ.get("BAGUA_NET_NSTREAMS")), str(sys.argv[1:])]))
+                        str(os.environ.get("BAGUA_NET_NSTREAMS")), str(os.environ.get("BAGUA_AUTOTUNE")),
+                        str(sys.argv[1:])]))
 """
 
 
@@ -88,7 +89,8 @@ def _launch(tmp_path: Path, launcher: str, *flags: str) -> subprocess.CompletedP
     script.write_text(textwrap.dedent(WORKER))
     return subprocess.run([sys.executable, "-m", f"bagua.distributed.{launcher}", *flags, str(script), "--x", "1"],
                           capture_output=True, text=True, timeout=120,
-                          env={**{k: v for k, v in os.environ.items() if k != "BAGUA_NET_NSTREAMS"}, "OMP_NUM_THREADS": "1"})
+                          env={**{k: v for k, v in os.environ.items() if k not in ("BAGUA_NET_NSTREAMS", "BAGUA_AUTOTUNE")},
+                               "OMP_NUM_THREADS": "1"})
 
 
 def test_launch_maps_the_original_flags_onto_torchrun(tmp_path):
@@ -97,12 +99,20 @@ def test_launch_maps_the_original_flags_onto_torchrun(tmp_path):
                    "--enable_bagua_net")
     assert done.returncode == 0, done.stdout + done.stderr
     lines = [(tmp_path / f"rank{r}").read_text() for r in range(2)]
-    assert lines == [f"worker {r} 1048576 2 ['--local-rank={r}', '--x', '1']" for r in range(2)]
+    assert lines == [f"worker {r} 1048576 2 None ['--local-rank={r}', '--x', '1']" for r in range(2)]
+
+
+def test_autotune_level_turns_in_process_autotuning_on(tmp_path):
+    done = _launch(tmp_path, "run", "--nproc_per_node=1", "--master_port=0", "--autotune_level", "1",
+                   "--autotune_max_samples", "10")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "rank0").read_text() == "worker 0 10485760 None 1 ['--x', '1']"
+    assert "--autotune_max_samples: not used" in done.stderr
 
 
 @pytest.mark.parametrize("launcher, flags, message", [
-    ("run", ["--autotune_level", "1"], "--autotune_level: only 0 is supported"),
-    ("run", ["--autotune_max_samples", "10"], "--autotune_max_samples: autotuning is not supported"),
+    ("run", ["--autotune_level", "3"], "--autotune_level: invalid choice: 3"),
+    ("run", ["--is_output_autotune_log"], "--is_output_autotune_log: there is nothing to log without --autotune_level 1"),
     ("launch", ["--host_list", "a,b"], "--host_list: starting hosts over ssh is not part of this bagua"),
     ("run", ["--default_bucket_size", "0"], "--default_bucket_size must be a positive number of bytes"),
 ])

@@ -1,5 +1,7 @@
-"""Changing how the wrapper moves bytes, between steps: buckets, stripes, an algorithm's tunables.
+"""The wrapper's buckets: built at wrap time, rebuilt between steps; and what else may change then.
 
+``build`` groups the tensors the algorithm communicates into buckets (gradients become views of
+the buckets' flat buffers, or stay in a fused optimizer's) and gives them to a new engine.
 ``rebucket`` rebuilds the buckets at another size as if the wrapper had been built with it:
 gradients, weights, optimizer state (a fused optimizer's flat buffers included) and the
 algorithm's per-bucket state carry over, value for value. ``configure`` applies any of
@@ -21,11 +23,35 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..algorithms.tunable import Tunable, powers_of_two
-from ..comm import stripes
+from ..comm import Bucket, Engine, stripes
 from . import comm_hook
 
 if TYPE_CHECKING:
     from .ddp import DistributedDataParallel
+
+
+def build(ddp: "DistributedDataParallel", bucket_size_bytes: int) -> None:
+    """Bucket what ``ddp``'s algorithm communicates, at ``bucket_size_bytes``, and append its ops."""
+    named = ddp.impl.tensors_to_communicate(ddp)
+    groups = [group for group in ddp.impl.bucket_tensors(named, bucket_size_bytes) if group]
+    ddp.buckets = [
+        Bucket([t for _, t in group], name=f"bucket{i}[{group[0][0]}..{group[-1][0]}]")
+        for i, group in enumerate(groups)
+    ]
+    ddp._bucket_names = [[name for name, _ in group] for group in groups]
+    ddp._slot = {name: (b, i) for b, group in enumerate(groups) for i, (name, _) in enumerate(group)}
+    # where each gradient lives: its bucket view, or (weight algorithms) a fused optimizer's slot
+    ddp._grad_view = {}
+    for name, (b, i) in ddp._slot.items():
+        if name in ddp._gradient_slots and ddp.buckets[b].tensors[i] is ddp._gradient_slots[name]:
+            ddp._grad_view[name] = ddp.buckets[b].views[i]
+    for name, p in ddp.named_trainable_parameters:
+        home = ddp._gradient_home(p)
+        if name not in ddp._grad_view and home is not None:
+            ddp._grad_view[name] = home
+    for bucket in ddp.buckets:
+        ddp.impl.init_operations(ddp, bucket)
+    ddp.engine = Engine(ddp.buckets, group=ddp.comm_group)
 
 
 def tunables(ddp: "DistributedDataParallel") -> dict[str, Tunable]:
@@ -86,7 +112,7 @@ def rebucket(ddp: "DistributedDataParallel", bucket_size_bytes: int) -> None:
 
     for bucket, _ in old.values():
         bucket.release()
-    ddp._build_buckets(bucket_size_bytes)
+    build(ddp, bucket_size_bytes)
     ddp.bucket_size_bytes = bucket_size_bytes
     ddp.impl.on_rebucket(ddp, carry)
     if ddp._comm_hook is not None:
@@ -106,3 +132,11 @@ def _check_between_steps(ddp: "DistributedDataParallel", what: str) -> None:
             f"{what} runs between steps: a backward of this wrapper is still in progress; call it "
             f"before the next forward (after optimizer.step()), on every rank"
         )
+
+
+def gradient_into(p: torch.Tensor, view: torch.Tensor) -> None:
+    """Make ``view`` (a bucket view or a fused optimizer's flat slot) ``p``'s gradient, copying
+    ``p.grad`` (not None) into it unless it already lives there."""
+    if p.grad.data_ptr() != view.data_ptr():
+        view.copy_(p.grad)
+        p.grad = view
