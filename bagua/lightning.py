@@ -55,7 +55,8 @@ class BaguaStrategy(DDPStrategy):
         algorithm: a registered name (``bagua.algorithms.registered_names()``) or an
             ``Algorithm`` instance. ``"qadam"`` needs ``configure_optimizers`` to return exactly
             one ``bagua.optim.QAdamOptimizer`` (LR schedulers allowed).
-        bucket_size_bytes, find_unused_parameters: as for ``bagua.DistributedDataParallel``.
+        bucket_size_bytes, find_unused_parameters, autotune: as for ``bagua.DistributedDataParallel``
+            (``autotune=True`` tunes during the first training steps; default ``BAGUA_AUTOTUNE``).
         accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin,
         process_group_backend, timeout: as for Lightning's ``DDPStrategy``.
         **algorithm_kwargs: options of the named algorithm, e.g. ``hierarchical=True``.
@@ -79,6 +80,7 @@ class BaguaStrategy(DDPStrategy):
         *,
         bucket_size_bytes: Optional[int] = None,
         find_unused_parameters: bool = False,
+        autotune: Union[None, bool, "bagua.AutotuneConfig"] = None,
         accelerator: Optional["pl.accelerators.Accelerator"] = None,
         parallel_devices: Optional[list[torch.device]] = None,
         cluster_environment: Any = None,
@@ -107,6 +109,7 @@ class BaguaStrategy(DDPStrategy):
         )
         self._bucket_size_bytes = bucket_size_bytes
         self._find_unused_parameters = bool(find_unused_parameters)
+        self._autotune = autotune
         self._user_backend = process_group_backend
         self._failed = False
 
@@ -154,6 +157,7 @@ class BaguaStrategy(DDPStrategy):
                 algorithm=self._algorithm_for(self.optimizers),
                 bucket_size_bytes=self._bucket_size_bytes,
                 find_unused_parameters=self._find_unused_parameters,
+                autotune=self._autotune,
             )
         else:  # no wrapper: every rank evaluates rank 0's weights
             bagua.parallel.broadcast_module(self.model)

@@ -9,8 +9,9 @@ LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and builds, on top of
 - one inter-node group per local rank (rank ``l`` of every node); the one of local
   rank 0 links the node leaders.
 
-With ``streams=K`` each of them (and each ``new_group``) also gets K-1 extra torch groups over
-the same ranks, its stripes, over which large collectives spread (see ``stripes.py``).
+With ``streams=K`` each of them (and each ``new_group``) whose ranks span several machines also
+gets K-1 extra torch groups over the same ranks, its stripes, over which large collectives
+spread (see ``stripes.py``).
 
 Ranks are assumed laid out as torchrun lays them out: node ``n`` holds ranks
 ``n * LOCAL_WORLD_SIZE ... (n + 1) * LOCAL_WORLD_SIZE - 1``.
@@ -289,7 +290,8 @@ def init_process_group(
 
     def job_group(ranks: list[int], group: Optional[dist.ProcessGroup]) -> BaguaProcessGroup:
         # Every rank takes part in creating every group and its stripes, in the same order.
-        extra = tuple(dist.new_group(ranks, timeout=timeout) for _ in range(streams - 1)) if len(ranks) > 1 else ()
+        count = _stripes.stripe_count_for(ranks, local_size, streams)
+        extra = tuple(dist.new_group(ranks, timeout=timeout) for _ in range(count - 1))
         return BaguaProcessGroup(tuple(ranks), group, backend_name, extra, min_chunk)
 
     global_group = job_group(list(range(world_size)), None)
@@ -457,7 +459,7 @@ def new_group(ranks: list[int]) -> BaguaProcessGroup:
     with the same list, in the same order relative to its other ``new_group`` calls; other
     ranks need not call it. Group ranks follow the global ranks' order (as torch numbers
     them), whatever order ``ranks`` lists them in. With ``streams=K`` it comes with K-1
-    stripes of its own.
+    stripes of its own when its ranks span several machines.
 
     Example::
 
@@ -476,7 +478,7 @@ def new_group(ranks: list[int]) -> BaguaProcessGroup:
         serial = _groups_made.get(key, 0)
         _groups_made[key] = serial + 1
         group = _new_torch_group(ranks, _group_name(key, serial))
-        stripe_count = state.streams if len(ranks) > 1 else 1
+        stripe_count = _stripes.stripe_count_for(ranks, state.local_size, state.streams)
         extra = tuple(_new_torch_group(ranks, _group_name(key, serial, i)) for i in range(1, stripe_count))
     return BaguaProcessGroup(tuple(ranks), group, state.global_group.backend, extra, state.min_chunk)
 

@@ -2,8 +2,11 @@
 
 Clouds cap a single TCP flow far below the NIC's rate (AWS: 5 Gbit/s outside a placement
 group). With ``bagua.init_process_group(streams=K)`` (or ``BAGUA_NET_NSTREAMS=K``) every
-Bagua group holds K-1 extra torch groups over the same ranks, its *stripes* (stripe 0 is the
-group itself), created at the same point on every rank. Each torch group has connections of
+Bagua group whose ranks span several machines holds K-1 extra torch groups over the same ranks,
+its *stripes* (stripe 0 is the group itself), created at the same point on every rank. A group
+within one machine gets none: its traffic never leaves the host, no flow is capped there, and
+concurrent pieces only contend for the cores (on loopback, 2 MB in four 512 KB pieces took 1.74x
+as long as one message on this project's 2-core machine). Each torch group has connections of
 its own, so a message cut into pieces, piece ``i`` issued async on stripe ``i``, travels over
 K flows at once; one handle waits for all. A collective on ``n`` bytes uses
 ``min(K, n // min_chunk)`` stripes, at least one (``BAGUA_NET_MIN_CHUNKSIZE``, default
@@ -118,6 +121,18 @@ def nccl_socket_env(streams: int, environ: MutableMapping[str, str] = os.environ
     chosen = {NCCL_THREADS_ENV: str(threads), NCCL_SOCKETS_ENV: str(-(-streams // threads))}
     environ.update(chosen)
     return chosen
+
+
+def stripe_count_for(ranks: Sequence[int], local_size: int, streams: int) -> int:
+    """How many stripes a group over global ``ranks`` gets: ``streams`` when they span several
+    machines (``local_size`` ranks per machine, laid out machine by machine), else 1.
+
+    Example::
+
+        stripe_count_for([0, 1], local_size=2, streams=4)   # 1: one machine
+        stripe_count_for([0, 2], local_size=2, streams=4)   # 4
+    """
+    return streams if len({r // local_size for r in ranks}) > 1 else 1
 
 
 def _moved_by_gloo(backend: str, device_type: str) -> bool:

@@ -82,7 +82,7 @@ class AutotuneConfig:
 
     max_trials: int = 12
     steps_per_trial: int = 3
-    warmup_steps: int = 3
+    warmup_steps: int = 5
     patience: int = 6
     cut_factor: float = 3.0
     space: Optional[dict[str, tuple]] = None

@@ -105,7 +105,7 @@ REDUCING = ("allreduce_sum", "allreduce_avg", "allreduce_bf16", "reduce", "reduc
 
 @pytest.mark.parametrize("world_size,async_op", [(2, False), (2, True), (3, True), (4, False)])
 def test_every_collective_striped_equals_one_stream(world_size, async_op):
-    results = run_ranks(_striped_and_plain, world_size, async_op, init=False, timeout=120)
+    results = run_ranks(_striped_and_plain, world_size, async_op, init=False, timeout=120, local_world_size=1)
     for name in results[0][0]:
         for rank, (striped, plain) in enumerate(results):
             got, want = striped[name], plain[name]
@@ -142,7 +142,7 @@ def _counted_ops(rank: int) -> list:
 
 
 def test_a_collective_uses_min_of_streams_and_size_over_min_chunk_pieces():
-    for counts in run_ranks(_counted_ops, 2, init=False):
+    for counts in run_ranks(_counted_ops, 2, init=False, local_world_size=1):
         assert counts == [1, 1, 2, 2, 3, 4]
 
 
@@ -163,16 +163,34 @@ def _torch_groups(rank: int, streams: int) -> tuple:
     return after_init, after_new_group, stripes, t[0].item()
 
 
-def test_streams_add_k_minus_1_torch_groups_per_bagua_group_and_none_for_one():
+def test_streams_add_k_minus_1_torch_groups_per_bagua_group_across_machines_and_none_within_one():
     # two simulated nodes of two: each rank is in the global, its intra-node and its inter-node group
     one = run_ranks(_torch_groups, 4, 1, init=False, local_world_size=2)
     four = run_ranks(_torch_groups, 4, 4, init=False, local_world_size=2)
     for rank in range(4):
         (init1, new1, stripes1, value1), (init4, new4, stripes4, value4) = one[rank], four[rank]
         assert init1 == 3 and stripes1 == [0, 0, 0]  # streams=1: no extra group at all
-        assert init4 == init1 + 3 * 3 and stripes4 == [3, 3, 3]
-        assert new1 - init1 == (1 if rank < 2 else 0) and new4 - init4 == (4 if rank < 2 else 0)
+        # the global and the inter-node group span both machines; the intra-node group does not
+        assert init4 == init1 + 2 * 3 and stripes4 == [3, 0, 3]
+        # new_group([0, 1]): both ranks on machine 0, so no stripes
+        assert new1 - init1 == (1 if rank < 2 else 0) and new4 - init4 == (1 if rank < 2 else 0)
         assert value4 == value1
+
+
+def _within_one_machine(rank: int) -> tuple[int, int]:
+    _init(streams=4)
+    t = torch.ones(1 << 20)
+    calls = []
+    real = torch.distributed.all_reduce
+    torch.distributed.all_reduce = lambda *a, **kw: calls.append(kw.get("group")) or real(*a, **kw)
+    bagua.comm.allreduce(t)
+    return len(bagua.comm.get_default_group().stripes), len(calls)
+
+
+def test_a_job_on_one_machine_does_not_stripe():
+    """Loopback has no per-flow cap; four concurrent pieces only contend for the cores."""
+    for stripes, calls in run_ranks(_within_one_machine, 2, init=False):
+        assert stripes == 0 and calls == 1
 
 
 def _ddp_weights(rank: int, streams: int) -> dict:
@@ -199,8 +217,8 @@ def _ddp_weights(rank: int, streams: int) -> dict:
 
 
 def test_ddp_trains_to_the_same_weights_with_four_streams():
-    one = run_ranks(_ddp_weights, 2, 1, init=False, timeout=120)
-    four = run_ranks(_ddp_weights, 2, 4, init=False, timeout=120)
+    one = run_ranks(_ddp_weights, 2, 1, init=False, timeout=120, local_world_size=1)
+    four = run_ranks(_ddp_weights, 2, 4, init=False, timeout=120, local_world_size=1)
     for (w1, groups1), (w4, groups4) in zip(one, four):
         # one stream: each wrapper's own group; four: gradient_allreduce's 4 stripes, bytegrad's 2 segments on 2
         assert (groups1, groups4) == (2, 6)
@@ -220,7 +238,7 @@ def _missing_peer(rank: int) -> None:
 
 def test_a_timeout_names_the_operation_and_the_stripe():
     with pytest.raises(RankFailure) as failure:
-        run_ranks(_missing_peer, 2, init=False, timeout=60)
+        run_ranks(_missing_peer, 2, init=False, timeout=60, local_world_size=1)
     text = str(failure.value)
     assert "CollectiveError" in text and "bagua.comm.allreduce(float32[4096]) failed on rank 0: stripe 0 of 4" in text
 

@@ -220,6 +220,21 @@ def collectives(outdir: str) -> dict:
     }
 
 
+class AutotuneSeen(pl.Callback):
+    """The wrapper's autotuning log and result, read while it is still wrapped."""
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.log, self.result = trainer.strategy.model.autotune_log, trainer.strategy.model.autotune_result
+
+
+def autotune(outdir: str) -> dict:
+    seen = AutotuneSeen()
+    config = bagua.AutotuneConfig(max_trials=3, steps_per_trial=1, warmup_steps=1,
+                                  space={"bucket_size_bytes": (256, 4096)})
+    result = fit(BaguaStrategy("bytegrad", autotune=config), {"optimizer": "sgd"}, callbacks=[seen])
+    return {**result, "trials": len(seen.log), "tuned": seen.result is not None}
+
+
 def torchrun_instance(outdir: str) -> dict:
     return fit(BaguaStrategy(ByteGradAlgorithm()))
 
@@ -236,6 +251,7 @@ SCENARIOS = {
     "raises": raises,
     "qadam_wrong_optimizer": qadam_wrong_optimizer,
     "collectives": collectives,
+    "autotune": autotune,
     "torchrun_instance": torchrun_instance,
 }
 

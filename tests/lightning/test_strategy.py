@@ -19,7 +19,7 @@ ALGORITHMS = ["gradient_allreduce", "bytegrad", "decentralized", "low_precision_
 SYNCHRONOUS = {"gradient_allreduce", "bytegrad", "qadam"}
 SCENARIOS = [f"algo_{name}" for name in ALGORITHMS] + [
     "by_name", "resume_sgd", "resume_qadam", "accumulate", "manual", "bf16", "raises",
-    "qadam_wrong_optimizer", "collectives",
+    "qadam_wrong_optimizer", "collectives", "autotune",
 ]
 
 
@@ -105,6 +105,13 @@ def test_strategy_by_name_and_checkpoints_hold_the_plain_module(results):
         assert max_difference({k: v for k, v in model.state_dict().items()}, expected) == 0.0, name
     mid = torch.load(results.outdir / "mid.ckpt", weights_only=False)
     assert mid["bagua"]["step"] == 8  # saved while wrapped: the wrapper's step and algorithm state
+
+
+def test_autotune_through_the_strategy_changes_no_weight(results):
+    tuned, untuned = results("autotune"), results("algo_bytegrad")
+    for rank in (0, 1):
+        assert tuned[rank]["trials"] == 3 and tuned[rank]["tuned"]
+        assert max_difference(tuned[rank]["weights"], untuned[rank]["weights"]) == 0.0
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "qadam"])

@@ -58,18 +58,63 @@ def test_tuning_changes_no_weight_and_every_rank_changes_at_the_same_step():
     assert torch.equal(tuned[0]["weights"], tuned[1]["weights"])
 
 
-@pytest.mark.parametrize("algorithm", ["bytegrad", "qadam_like_segments"])
-def test_tuning_a_compressed_algorithm_changes_no_weight(algorithm):
-    """bytegrad's 8-bit blocks follow each tensor, so bucket and segment sizes leave every bit."""
-    space = {"bucket_size_bytes": SIZES, "segment_elems": (1 << 16, 1 << 22)}
-    if algorithm == "qadam_like_segments":
-        space = {"segment_elems": (1 << 16, 1 << 18, 1 << 22)}
+@pytest.mark.parametrize("world_size,space", [
+    (2, {"bucket_size_bytes": SIZES, "segment_elems": (1 << 16, 1 << 22)}),
+    (3, {"bucket_size_bytes": SIZES}),
+    (2, {"segment_elems": (1 << 16, 1 << 18, 1 << 22)}),
+], ids=["buckets-and-segments", "three-ranks", "segments"])
+def test_tuning_bytegrad_changes_no_weight_at_any_world_size(world_size, space):
+    """bytegrad's 8-bit blocks follow each tensor and its reduction sums the ranks in order, so
+    bucket and segment sizes leave every bit, on any number of ranks."""
     config = bagua.AutotuneConfig(max_trials=6, steps_per_trial=1, warmup_steps=1, space=space)
-    tuned = run_ranks(_train, 2, "bytegrad", config)
-    untuned = run_ranks(_train, 2, "bytegrad", False)
+    tuned = run_ranks(_train, world_size, "bytegrad", config)
+    untuned = run_ranks(_train, world_size, "bytegrad", False)
     assert len({str(e["config"]) for e in tuned[0]["log"]}) >= 3
-    for rank in range(2):
+    for rank in range(world_size):
         assert torch.equal(tuned[rank]["weights"], untuned[rank]["weights"])
+
+
+def _hierarchical(rank: int, switch: bool) -> dict:
+    model = make_model(seed=rank)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ddp = bagua.DistributedDataParallel(model, [opt])
+    space = ddp.tunables()
+    for step, (x, y) in enumerate(rank_batches(rank, 6)):
+        if switch and step in (2, 4):
+            ddp.configure(hierarchical=step == 2)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    return {"space": sorted(space), "weights": flat_params(model), "flat": ddp.impl.node_groups is None}
+
+
+def test_hierarchical_is_tunable_for_exact_gradients_on_several_nodes_of_several_ranks():
+    switched = run_ranks(_hierarchical, 4, True, local_world_size=2)
+    plain = run_ranks(_hierarchical, 4, False, local_world_size=2)
+    assert switched[0]["space"] == ["bucket_size_bytes", "hierarchical"] and switched[0]["flat"]
+    for rank in range(4):
+        assert torch.equal(switched[rank]["weights"], switched[0]["weights"])  # identical on every rank
+        # the same sums grouped by node: equal up to float rounding (4 ranks)
+        torch.testing.assert_close(switched[rank]["weights"], plain[rank]["weights"], rtol=1e-6, atol=1e-7)
+    assert run_ranks(_hierarchical, 2, False, local_world_size=2)[0]["space"] == ["bucket_size_bytes"]  # one node
+
+
+def _dies_mid_trial(rank: int):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ddp = bagua.DistributedDataParallel(model, [opt], autotune=bagua.AutotuneConfig(**QUICK))
+    for step, (x, y) in enumerate(rank_batches(rank, STEPS)):
+        if rank == 1 and step == 4:
+            raise RuntimeError("rank 1 stops here on purpose")
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+
+
+def test_a_rank_that_dies_mid_trial_ends_in_the_usual_timeout_error():
+    errors = run_ranks_expect_errors(_dies_mid_trial, 2, comm_timeout_s=5.0, timeout=60)
+    assert "on purpose" in errors[1]
+    assert "bagua.comm.allreduce" in errors[0], errors[0]
 
 
 def test_the_fastest_configuration_wins_the_slowest_rank_sets_the_score_and_slow_trials_are_cut():
@@ -143,8 +188,9 @@ def test_streams_join_the_search_where_there_are_stripes():
     init = {"streams": 2}
     config = bagua.AutotuneConfig(max_trials=8, steps_per_trial=1, warmup_steps=1,
                                   space={"streams": (1, 2), "bucket_size_bytes": (256,)})
-    tuned = run_ranks(_train, 2, "gradient_allreduce", config, init_kwargs=init)
-    untuned = run_ranks(_train, 2, "gradient_allreduce", False, init_kwargs=init)
+    # each rank its own machine: stripes are made only for groups across machines
+    tuned = run_ranks(_train, 2, "gradient_allreduce", config, init_kwargs=init, local_world_size=1)
+    untuned = run_ranks(_train, 2, "gradient_allreduce", False, init_kwargs=init, local_world_size=1)
     assert {e["config"]["streams"] for e in tuned[0]["log"]} == {1, 2}
     assert len(tuned[0]["log"]) == 3 and tuned[0]["result"] is not None  # the default, then the space, exhausted
     assert torch.equal(tuned[0]["weights"], untuned[0]["weights"])
