@@ -248,29 +248,87 @@ def raise_if_nonfinite(what: str, result: torch.Tensor) -> None:
 
 
 class _Chunk:
-    """One rank's share of a segment: its pieces (stretches of the flat tensor, each within one
-    member) and where each one's encoding lies in the chunk's wire bytes."""
+    """One rank's share of a segment, as the codec sees it: a stream of whole blocks. Each piece
+    (a stretch within one member) gives its whole blocks, in order (the bodies); then each piece's
+    short last block (its tail) follows, padded to a whole block by repeating its last value,
+    which changes no block's min or max. So a chunk is one encode and one decode however many
+    tensors it holds, and each block is the block it would be if its tensor were sent alone.
 
-    def __init__(self, pieces: list[tuple[int, int]], codec: Codec):
-        self.pieces = pieces
+    The padding does not travel: a payload is the codec's header and then one code per element
+    (as all of ``compression``'s codecs lay it out), and the padded codes are dropped before
+    sending and rebuilt on arrival as copies of the tail's last code (so they decode to its last
+    value, and a reduced tail stays within its block's range)."""
+
+    def __init__(self, pieces: list[tuple[int, int]], codec: Codec, device: torch.device):
+        block = codec.block_size
         self.numel = sum(e - a for a, e in pieces)
-        self.wire: list[tuple[int, int]] = []  # (offset, length) of each piece's encoding
-        offset = 0
+        self.bodies: list[tuple[int, int]] = []
+        tails = []
         for a, e in pieces:
-            length = codec.wire_numel(e - a)
-            self.wire.append((offset, length))
-            offset += length
-        self.wire_numel = offset
+            cut = a + (e - a) // block * block
+            if cut > a:
+                self.bodies.append((a, cut))
+            if e > cut:
+                tails.append((cut, e))
+        self.body_numel = sum(b - a for a, b in self.bodies)
+        self.tails = len(tails)
+        self.stream_numel = self.body_numel + self.tails * block
+        self.full_wire_numel = codec.wire_numel(self.stream_numel) if self.stream_numel else 0
+        # what travels: the header and the codes of the real elements
+        self.wire_numel = self.full_wire_numel - self.stream_numel + self.numel
+        self.codes_start = self.full_wire_numel - self.stream_numel + self.body_numel  # where the tails' codes begin
+        if tails:
+            starts = torch.tensor([a for a, _ in tails])[:, None]
+            lengths = torch.tensor([e - a for a, e in tails])[:, None]
+            k = torch.arange(block)[None, :]
+            valid = k < lengths
+            last = torch.minimum(k, lengths - 1)  # a padded row repeats its last real element
+            self.tail_source = (starts + last).reshape(-1).to(device)
+            self.tail_valid = valid.reshape(-1).nonzero().squeeze(1).to(device)  # the rows' real elements
+            self.tail_dest = (starts + k)[valid].to(device)  # where those go in the flat tensor
+            offsets = torch.cumsum(lengths, 0) - lengths  # each tail's first code among the sent ones
+            self.tail_code_source = (offsets + last).reshape(-1).to(device)
 
-    def encode(self, codec: Codec, source: torch.Tensor, out: torch.Tensor, first: int = 0) -> None:
-        """Encode the pieces of ``source`` (indexed from element ``first``) into ``out``."""
-        for (a, e), (o, length) in zip(self.pieces, self.wire):
-            out[o:o + length].copy_(codec.encode(source[a - first:e - first], check_finite=False).data)
+    def whole_slice(self) -> Optional[tuple[int, int]]:
+        """The chunk's stretch when its stream is that stretch as it is (one body, no tail)."""
+        return self.bodies[0] if len(self.bodies) == 1 and not self.tails else None
 
-    def decode(self, codec: Codec, wire: torch.Tensor, out: torch.Tensor, first: int = 0) -> None:
-        """Decode ``wire`` (this chunk's encoding) into ``out`` (indexed from element ``first``)."""
-        for (a, e), (o, length) in zip(self.pieces, self.wire):
-            codec.decode(Payload(wire[o:o + length], torch.Size([e - a]), out.dtype), out=out[a - first:e - first])
+    def gather(self, flat: torch.Tensor) -> torch.Tensor:
+        """The chunk's stream, read from the flat tensor."""
+        whole = self.whole_slice()
+        if whole is not None:
+            return flat[whole[0]:whole[1]]
+        parts = [flat[a:b] for a, b in self.bodies]
+        if self.tails:
+            parts.append(flat.take(self.tail_source))
+        return torch.cat(parts)
+
+    def scatter(self, stream: torch.Tensor, out: torch.Tensor) -> None:
+        """Write a stream's real elements to their places in the flat tensor ``out``."""
+        offset = 0
+        for a, b in self.bodies:
+            out[a:b].copy_(stream[offset:offset + b - a])
+            offset += b - a
+        if self.tails:
+            out.index_copy_(0, self.tail_dest, stream[self.body_numel:].index_select(0, self.tail_valid))
+
+    def encode(self, codec: Codec, stream: torch.Tensor, out: torch.Tensor) -> None:
+        """Encode the stream into ``out`` (``wire_numel`` elements: no padding)."""
+        full = codec.encode(stream, check_finite=False).data
+        if not self.tails:
+            out.copy_(full)
+            return
+        out[:self.codes_start].copy_(full[:self.codes_start])
+        out[self.codes_start:].copy_(full[self.codes_start:].index_select(0, self.tail_valid))
+
+    def decode(self, codec: Codec, wire: torch.Tensor, out: torch.Tensor) -> None:
+        """Decode what ``encode`` sent into the stream ``out``."""
+        if self.tails:
+            full = wire.new_empty(self.full_wire_numel)
+            full[:self.codes_start].copy_(wire[:self.codes_start])
+            full[self.codes_start:].copy_(wire[self.codes_start:].take(self.tail_code_source))
+            wire = full
+        codec.decode(Payload(wire, torch.Size([self.stream_numel]), out.dtype), out=out)
 
 
 class _Segment:
@@ -289,7 +347,7 @@ class _Segment:
         tag: int, group: Optional[dist.ProcessGroup], where: str,
     ):
         self.flat, self.codec, self.pg, self.tag, self.group = flat, codec, pg, tag, group
-        self.chunks = [_Chunk(pieces, codec) for pieces in chunks]
+        self.chunks = [_Chunk(pieces, codec, flat.device) for pieces in chunks]
         mine = self.chunks[pg.rank]
 
         def wire(numel: int) -> torch.Tensor:
@@ -310,7 +368,9 @@ class _Segment:
     def send_chunks(self) -> None:
         rank = self.pg.rank
         for j in [j for j in range(self.pg.size) if j != rank] + [rank]:  # what leaves first is encoded first
-            self.chunks[j].encode(self.codec, self.flat, self.send[j])
+            chunk = self.chunks[j]
+            if chunk.stream_numel:
+                chunk.encode(self.codec, chunk.gather(self.flat), self.send[j])
             if j != rank:
                 self.phase1.works += _post(dist.isend, self.send[j], self.pg.ranks[j], self.group, self.tag)
         self.received[rank].copy_(self.send[rank])
@@ -320,19 +380,26 @@ class _Segment:
         self.phase1.wait()
         if not chunk.numel:
             return
-        first = chunk.pieces[0][0]
-        parts = torch.empty((w, chunk.numel), dtype=torch.float32, device=self.flat.device)
+        parts = torch.empty((w, chunk.stream_numel), dtype=torch.float32, device=self.flat.device)
         for j in range(w):
-            chunk.decode(self.codec, self.received[j], parts[j], first)
+            chunk.decode(self.codec, self.received[j], parts[j])
         mine = self.gathered[self.pg.rank]
-        chunk.encode(self.codec, reduce(parts), mine, first)
+        chunk.encode(self.codec, reduce(parts), mine)
         self.phase2.works += _post_all(dist.isend, lambda _: mine, self.pg, self.group, self.tag + 1)
 
     def result_into(self, result: torch.Tensor) -> None:
         """Decode every rank's reduced chunk into ``result`` (the whole flat tensor)."""
         self.phase2.wait()
         for chunk, wire in zip(self.chunks, self.gathered):
-            chunk.decode(self.codec, wire, result)
+            if not chunk.numel:
+                continue
+            whole = chunk.whole_slice()
+            if whole is not None:
+                chunk.decode(self.codec, wire, result[whole[0]:whole[1]])
+            else:
+                stream = torch.empty(chunk.stream_numel, dtype=torch.float32, device=result.device)
+                chunk.decode(self.codec, wire, stream)
+                chunk.scatter(stream, result)
 
 
 __all__ = ["BlockLayout", "SEGMENT_ELEMS", "compressed_allreduce"]
