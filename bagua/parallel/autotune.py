@@ -20,7 +20,9 @@ keeps the best. In process, no service, no port:
   line (``bagua.parallel.autotune``, level INFO) and ``ddp.autotune_result`` holds it.
   ``BAGUA_AUTOTUNE_LOG=path`` writes every trial as CSV (rank 0).
 
-``AutotuneConfig(initial=result.config)`` applies a configuration found before and skips the search.
+``AutotuneConfig(initial=result.config)`` applies a configuration found before and skips the
+search; so does loading a checkpoint (``ddp.algorithm_state_dict()``, ``bagua.checkpoint``) that
+holds one into a wrapper with autotuning on.
 
 Example::
 
@@ -219,6 +221,18 @@ class Tuner:
             self.result = AutotuneResult({}, float("nan"), float("nan"), 0, ddp.step)
             return
         self._start(ddp, dict(self.default), None)
+
+    def adopt(self, ddp: "DistributedDataParallel", settings: dict[str, Any]) -> None:
+        """A configuration tuned before (a checkpoint's): apply what of it is tunable here and
+        end the search, on every rank."""
+        tunable = bucketing.tunables(ddp)
+        usable = {name: value for name, value in settings.items() if name in tunable}
+        if len(usable) < len(settings):
+            logger.warning("autotune: the checkpoint's %s are not tunable here; tuned before: %s",
+                           sorted(set(settings) - set(usable)), settings)
+        ddp.configure(**usable)
+        self._trial = None
+        self.result = AutotuneResult(usable, float("nan"), float("nan"), 0, ddp.step)
 
     def stop(self, ddp: "DistributedDataParallel") -> None:
         """End tuning now on every rank (e.g. ``join()`` begins): the best so far stays."""

@@ -510,30 +510,37 @@ class DistributedDataParallel(torch.nn.Module):
 
     def algorithm_state_dict(self) -> dict:
         """What a checkpoint needs beyond the module's and the optimizers' state dicts to resume
-        this wrapper exactly: the step count (communication schedules, warm-ups) and the
-        algorithm's own state.
+        this wrapper exactly: the step count (communication schedules, warm-ups), the
+        algorithm's own state, and the configuration autotuning chose, once it has.
 
         Example::
 
             torch.save({"model": ddp.state_dict(), "opt": opt.state_dict(),
                         "bagua": ddp.algorithm_state_dict()}, path)
         """
-        return {"step": self.step, "algorithm": self.impl.state_dict()}
+        state = {"step": self.step, "algorithm": self.impl.state_dict()}
+        if self.autotune_result is not None:
+            state["autotune"] = dict(self.autotune_result.config)
+        return state
 
     def load_algorithm_state_dict(self, state: dict) -> None:
-        """Restore what ``algorithm_state_dict()`` returned (after loading the module's weights).
+        """Restore what ``algorithm_state_dict()`` returned (after loading the module's weights,
+        on every rank). A wrapper with autotuning on takes the configuration tuned before and
+        skips the search.
 
         Example::
 
             ddp.load_algorithm_state_dict(torch.load(path)["bagua"])
         """
-        if not isinstance(state, dict) or set(state) != {"step", "algorithm"}:
+        if not isinstance(state, dict) or not {"step", "algorithm"} <= set(state) <= {"step", "algorithm", "autotune"}:
             raise ValueError(
-                f"expected what algorithm_state_dict() returns (keys 'step' and 'algorithm'), got "
-                f"{sorted(state) if isinstance(state, dict) else type(state).__name__}"
+                f"expected what algorithm_state_dict() returns (keys 'step', 'algorithm' and maybe "
+                f"'autotune'), got {sorted(state) if isinstance(state, dict) else type(state).__name__}"
             )
         self.step = int(state["step"])
         self.impl.load_state_dict(state["algorithm"])
+        if "autotune" in state and self._tuner is not None:
+            self._tuner.adopt(self, state["autotune"])
 
     @property
     def bytes_sent_this_step(self) -> int:

@@ -173,6 +173,26 @@ def test_a_saved_result_is_applied_at_wrap_time_without_searching():
         assert out["result"].config == {"bucket_size_bytes": 1 << 20}
 
 
+def _resume(rank: int) -> dict:
+    tuned = _train(rank, "gradient_allreduce", bagua.AutotuneConfig(**QUICK))
+    model = make_model(seed=rank)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    ddp = bagua.DistributedDataParallel(model, [opt], bucket_size_bytes=SMALLEST, autotune=True)
+    ddp.load_algorithm_state_dict({"step": 0, "algorithm": {}, "autotune": tuned["result"].config})
+    for x, y in rank_batches(rank, 8):  # more than the default warm-up: a search would have begun
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    return {"tuned": tuned["result"].config, "resumed": ddp.autotune_result.config, "log": ddp.autotune_log,
+            "in_use": ddp.bucket_size_bytes, "saved": ddp.algorithm_state_dict()["autotune"]}
+
+
+def test_a_checkpoint_carries_the_tuned_configuration_and_a_resumed_run_does_not_search_again():
+    for out in run_ranks(_resume, 2):
+        assert out["resumed"] == out["tuned"] == out["saved"] and out["log"] == []
+        assert out["in_use"] == out["tuned"]["bucket_size_bytes"]
+
+
 def _env(rank: int, value: str) -> dict:
     os.environ["BAGUA_AUTOTUNE"] = value
     return _train(rank, "gradient_allreduce", None)
