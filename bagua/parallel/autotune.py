@@ -181,8 +181,6 @@ class Tuner:
         self._best: Optional[tuple[float, dict[str, Any]]] = None
         self._since_best = 0
         self._csv = os.environ.get(AUTOTUNE_LOG_ENV) if ddp.comm_group.rank == 0 else None
-        if self._csv:
-            _write_csv_row(self._csv, ["trial", "first_step", *self.space, "step_time_s", "outcome"], "w")
 
     @property
     def finished(self) -> bool:
@@ -220,6 +218,8 @@ class Tuner:
             logger.warning("autotune: nothing left to tune for %r (a communication hook owns the buckets)", ddp.algorithm)
             self.result = AutotuneResult({}, float("nan"), float("nan"), 0, ddp.step)
             return
+        if self._csv:
+            _write_csv_row(self._csv, ["trial", "first_step", *self.space, "step_time_s", "outcome"], "w")
         self._start(ddp, dict(self.default), None)
 
     def adopt(self, ddp: "DistributedDataParallel", settings: dict[str, Any]) -> None:
