@@ -37,13 +37,23 @@ ROWS = {
     "low_precision_decentralized": lambda opt: "low_precision_decentralized",
     "async": lambda opt: bagua.algorithms.AsyncModelAverageAlgorithm(sync_interval_ms=1, warmup_steps=2),
     "qadam": lambda opt: bagua.algorithms.QAdamAlgorithm(opt),
+    # autotuning in the everyday loop: the buckets are rebuilt mid-run (the default, then one
+    # bucket per tensor or a few), which must change no result
+    "gradient_allreduce+autotune": lambda opt: "gradient_allreduce",
+    "bytegrad+autotune": lambda opt: "bytegrad",
 }
+TUNING = bagua.AutotuneConfig(max_trials=3, steps_per_trial=1, warmup_steps=0, space={"bucket_size_bytes": (64, 256)})
 DETERMINISTIC = [name for name in ROWS if name != "async"]
 # replicas differ across ranks by design: a checkpoint holds each rank's own weights, which the
 # wrap-time broadcast would replace by rank 0's (load after wrapping, or wrap with init_sync=False)
 OWN_REPLICAS = ["decentralized", "decentralized_shift_one_2", "low_precision_decentralized", "async"]
 # replicas identical after every step (gradient averaging; qadam averages the momentum)
-IDENTICAL = ["gradient_allreduce", "bytegrad", "qadam"]
+IDENTICAL = ["gradient_allreduce", "bytegrad", "qadam", "gradient_allreduce+autotune", "bytegrad+autotune"]
+
+
+def _algorithm(name: str) -> str:
+    """The algorithm a row runs (``gradient_allreduce+autotune``: gradient_allreduce)."""
+    return name.split("+")[0]
 
 
 class _Net(torch.nn.Module):
@@ -91,7 +101,8 @@ class _Run:
 
     def wrap(self, init_sync: bool = True) -> bagua.DistributedDataParallel:
         self.ddp = bagua.DistributedDataParallel(self.model, [self.opt], algorithm=ROWS[self.row](self.opt),
-                                                 init_sync=init_sync)
+                                                 init_sync=init_sync,
+                                                 autotune=TUNING if self.row.endswith("+autotune") else None)
         return self.ddp
 
     def step(self, closure=None):
@@ -354,7 +365,8 @@ def _row_job(rank: int, row: str, fused: bool) -> dict:
     big = _Run(row, fused)  # accumulation's reference: one batch of both halves, one step each
     big.train(_batches(rank))
     out["plain_steps"] = big.ddp.step
-    if row == "gradient_allreduce" and not fused:
+    out["bucket_sizes"] = [entry["config"]["bucket_size_bytes"] for entry in big.ddp.autotune_log]
+    if _algorithm(row) == "gradient_allreduce" and not fused:
         out["torch"] = {loop: _torch_ddp(rank, loop) for loop in ("plain", "clip", "scaler", "bf16")}
     return out
 
@@ -367,6 +379,14 @@ def row(request):
     name, fused = request.param
     results = run_ranks(_row_job, 2, name, fused, timeout=240)
     return name, fused, results
+
+
+def test_autotuned_rows_really_change_buckets_mid_run(row):
+    name, _, results = row
+    if not name.endswith("+autotune"):
+        pytest.skip("rows without autotune keep their buckets")
+    for r in results:
+        assert len(set(r["bucket_sizes"])) >= 2, r["bucket_sizes"]  # the default, then another size
 
 
 def test_closure_equals_plain_step(row):
@@ -399,9 +419,9 @@ def test_accumulation_under_no_sync_equals_one_big_batch(row):
         params, sent, steps = r["accumulate"]
         assert steps == r["plain_steps"]  # forwards inside no_sync are not steps
         if name in DETERMINISTIC:
-            tolerance = 2e-3 if name in ("bytegrad", "low_precision_decentralized", "qadam") else 1e-5
+            tolerance = 2e-3 if _algorithm(name) in ("bytegrad", "low_precision_decentralized", "qadam") else 1e-5
             torch.testing.assert_close(params, r["plain"], rtol=0, atol=tolerance)
-        if name in ("gradient_allreduce", "bytegrad"):
+        if name in ("gradient_allreduce", "bytegrad"):  # with autotune its collectives and bucket changes add bytes
             assert len(set(sent)) == 1 and sent[0] > 0  # one communication per step, not per micro-batch
 
 
@@ -410,7 +430,7 @@ def test_grad_scaler_overflow_on_one_rank_skips_the_step_everywhere(row):
     for rank, r in enumerate(results):
         params, scales = r["scaler"]
         assert torch.isfinite(params).all()
-        if name in ("gradient_allreduce", "bytegrad", "qadam"):
+        if _algorithm(name) in ("gradient_allreduce", "bytegrad", "qadam"):
             # gradient algorithms: the averaged gradient is non-finite everywhere, so every rank's
             # scaler halves; qadam (local gradients after warm-up) skips everywhere, and the scale
             # halves where the overflow was seen
