@@ -79,9 +79,10 @@ class QAdamImpl(AlgorithmImpl):
         return {**super().tunables(ddp), "segment_elems": Tunable(SEGMENT_SIZES, self.segment_elems)}
 
     def set_tunable(self, ddp, name: str, value: object) -> None:
-        if name != "segment_elems":
+        if name == "segment_elems":
+            self.segment_elems = int(value)
+        else:
             super().set_tunable(ddp, name, value)
-        self.segment_elems = int(value)
 
     def ready_on_backward(self, ddp) -> bool:
         # the optimizer's step count: the same for every backward of one step (accumulation)

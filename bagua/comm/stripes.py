@@ -5,7 +5,7 @@ group). With ``bagua.init_process_group(streams=K)`` (or ``BAGUA_NET_NSTREAMS=K`
 Bagua group whose ranks span several machines holds K-1 extra torch groups over the same ranks,
 its *stripes* (stripe 0 is the group itself), created at the same point on every rank. A group
 within one machine gets none: its traffic never leaves the host, no flow is capped there, and
-concurrent pieces only contend for the cores (on loopback, 2 MB in four 512 KB pieces took 1.74x
+concurrent pieces only contend for the cores (on loopback, 2 MB in two 1 MB pieces took 1.74x
 as long as one message on this project's 2-core machine). Each torch group has connections of
 its own, so a message cut into pieces, piece ``i`` issued async on stripe ``i``, travels over
 K flows at once; one handle waits for all. A collective on ``n`` bytes uses

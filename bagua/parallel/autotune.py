@@ -151,18 +151,18 @@ class Tuner:
 
     def __init__(self, ddp: "DistributedDataParallel", config: AutotuneConfig):
         self.config = config
-        self.space = _search_space(bucketing.tunables(ddp), config.space)
+        tunables = bucketing.tunables(ddp)
+        self.space = _search_space(tunables, config.space)
         self.default = {name: t.current for name, t in self.space.items()}
         self.log: list[dict[str, Any]] = []  #: every trial, identical on every rank
         self.result: Optional[AutotuneResult] = None
         self._src = ddp.comm_group.ranks[0]
         self._study = None
         if config.initial is not None:
-            unknown = sorted(set(config.initial) - set(bucketing.tunables(ddp)))
+            unknown = sorted(set(config.initial) - set(tunables))
             if unknown:
-                raise ValueError(f"AutotuneConfig.initial: {unknown} not tunable here; tunable: {sorted(self.space)}")
-            ddp.configure(**config.initial)
-            self.result = AutotuneResult(dict(config.initial), float("nan"), float("nan"), 0, 0)
+                raise ValueError(f"AutotuneConfig.initial: {unknown} not tunable here; tunable: {sorted(tunables)}")
+            self._take(ddp, dict(config.initial))
             return
         if not self.space:
             raise ValueError(
@@ -230,9 +230,13 @@ class Tuner:
         if len(usable) < len(settings):
             logger.warning("autotune: the checkpoint's %s are not tunable here; tuned before: %s",
                            sorted(set(settings) - set(usable)), settings)
-        ddp.configure(**usable)
+        self._take(ddp, usable)
+
+    def _take(self, ddp: "DistributedDataParallel", settings: dict[str, Any]) -> None:
+        """Apply a configuration found before and end the search (nothing measured)."""
+        ddp.configure(**settings)
         self._trial = None
-        self.result = AutotuneResult(usable, float("nan"), float("nan"), 0, ddp.step)
+        self.result = AutotuneResult(settings, float("nan"), float("nan"), 0, ddp.step)
 
     def stop(self, ddp: "DistributedDataParallel") -> None:
         """End tuning now on every rank (e.g. ``join()`` begins): the best so far stays."""

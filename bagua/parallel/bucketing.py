@@ -88,7 +88,7 @@ def configure(ddp: "DistributedDataParallel", settings: dict[str, Any]) -> None:
             ops_changed = True
     size = settings.get("bucket_size_bytes", ddp.bucket_size_bytes)
     if size != ddp.bucket_size_bytes:
-        rebucket(ddp, size)
+        _rebuild(ddp, size)
     elif ops_changed:
         for bucket in ddp.buckets:
             bucket.clear_ops()
@@ -99,6 +99,11 @@ def rebucket(ddp: "DistributedDataParallel", bucket_size_bytes: int) -> None:
     """Rebuild ``ddp``'s buckets at ``bucket_size_bytes``, carrying every value over."""
     _check_bucket_size(bucket_size_bytes)
     _check_between_steps(ddp, "rebucket")
+    _rebuild(ddp, bucket_size_bytes)
+
+
+def _rebuild(ddp: "DistributedDataParallel", bucket_size_bytes: int) -> None:
+    """``rebucket`` once its arguments and timing are checked."""
     old = {id(b): (b, names) for b, names in zip(ddp.buckets, ddp._bucket_names)}
 
     def carry(per_bucket: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:

@@ -458,7 +458,6 @@ class DistributedDataParallel(torch.nn.Module):
         self._sync_backward = False
         self._used.clear()
 
-    # --- the optimizer's step -------------------------------------------------------------------
     # --- torch DDP's methods ----------------------------------------------------------------------
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
