@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench bench-comm system-deps clean
+.PHONY: demo test bench bench-comm gpu-check system-deps clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,15 @@ bench: system-deps $(VENV)/.installed-bench
 	$(PY) benchmarks/cache.py
 	$(PY) benchmarks/sampler.py
 	$(PY) benchmarks/fused_optimizer.py
+
+# The GPU path in one run, on a machine with a CUDA GPU (about 5 minutes on an H100): every test
+# marked gpu, the Triton kernels against their references from 1 to 64M elements, the codec's and
+# fused optimizers' speed, the wrapper on NCCL against torch DDP. It uses $(PYTHON) as it is (the
+# lent GPU machine has no network: install this checkout there with
+# `pip install --no-deps --no-build-isolation -e .`) and writes gpu_check.json and gpu_check.md
+# into $(OUT) (default gpu_check_out). Exit 3: no GPU here; 4: a prerequisite is missing.
+gpu-check:
+	$(PYTHON) benchmarks/gpu_check.py $(if $(OUT),--out $(OUT)) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

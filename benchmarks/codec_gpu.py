@@ -85,54 +85,62 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         import triton
-        from triton.testing import do_bench
     except ImportError as err:
         print(f"codec_gpu.py needs Triton ({err}); install the gpu extra: pip install 'bagua[gpu]'", file=sys.stderr)
         return 2
     from bagua.kernels import minmax_uint8 as mm
 
-    device = "cuda"
     props = torch.cuda.get_device_properties(0)
     print(f"device: {props.name} ({props.total_memory / 2**30:.0f} GiB), torch {torch.__version__}, "
           f"triton {triton.__version__}, block_size {args.block_size}")
-    check_correctness(mm, args.block_size, device)
+    check_correctness(mm, args.block_size, "cuda")
 
-    def bench(fn) -> float:  # seconds, median
-        return do_bench(fn, warmup=args.warmup, rep=args.rep, return_mode="median") / 1e3
-
+    rows = measure(mm, args.sizes, args.block_size, args.warmup, args.rep)
     header = (f"{'n':>6} {'copy GB/s':>10} {'enc GB/s':>9} {'enc %copy':>10} {'dec GB/s':>9} "
               f"{'dec %copy':>10} {'enc us':>9} {'dec us':>9} {'enc+check us':>13}")
     print(header)
     print("-" * len(header))
-    key = []
-    for n in args.sizes:
-        x = torch.randn(n, device=device)
-        wire = torch.empty(mm.wire_numel(n, args.block_size), dtype=torch.uint8, device=device)
-        y = torch.empty_like(x)
-        mm.encode(x, args.block_size, out=wire)
-
-        t_copy = bench(lambda: torch.empty_like(x).copy_(x))
-        t_enc = bench(lambda: mm.encode(x, args.block_size, out=wire, check_finite=False))
-        t_dec = bench(lambda: mm.decode(wire, n, args.block_size, out=y))
-        t_enc_check = bench(lambda: mm.encode(x, args.block_size, out=wire))
-
-        copy_bw = 2 * x.nbytes / t_copy
-        enc_bw = (x.nbytes + wire.nbytes) / t_enc
-        dec_bw = (wire.nbytes + y.nbytes) / t_dec
-        enc_pct, dec_pct = 100 * enc_bw / copy_bw, 100 * dec_bw / copy_bw
-        if n >= 1 << 24:
-            key += [enc_pct, dec_pct]
-        print(f"{_fmt_size(n):>6} {copy_bw / 1e9:>10.1f} {enc_bw / 1e9:>9.1f} {enc_pct:>9.1f}% "
-              f"{dec_bw / 1e9:>9.1f} {dec_pct:>9.1f}% {t_enc * 1e6:>9.1f} {t_dec * 1e6:>9.1f} "
-              f"{t_enc_check * 1e6:>13.1f}")
-        del x, wire, y
-        torch.cuda.empty_cache()
-
+    for r in rows:
+        print(f"{_fmt_size(r['n']):>6} {r['copy_gbs']:>10.1f} {r['encode_gbs']:>9.1f} {r['encode_pct_copy']:>9.1f}% "
+              f"{r['decode_gbs']:>9.1f} {r['decode_pct_copy']:>9.1f}% {r['encode_us']:>9.1f} {r['decode_us']:>9.1f} "
+              f"{r['encode_checked_us']:>13.1f}")
+    key = [r[k] for r in rows if r["n"] >= 1 << 24 for k in ("encode_pct_copy", "decode_pct_copy")]
     if key:
         print(f"key ratio: MinMaxUInt8 encode/decode reach >= {min(key):.1f}% of copy bandwidth (n >= 16M)")
     else:
         print("key ratio: n/a (no size >= 16M elements was measured)")
     return 0
+
+
+def measure(mm, sizes: list[int], block_size: int = 1024, warmup: int = 25, rep: int = 200) -> list[dict]:
+    """Per fp32 size: copy, encode and decode bandwidth (GB/s, bytes read + written) and the
+    encode/decode share of copy bandwidth, from medians of ``do_bench`` on the current GPU."""
+    from triton.testing import do_bench
+
+    def bench(fn) -> float:  # seconds, median
+        return do_bench(fn, warmup=warmup, rep=rep, return_mode="median") / 1e3
+
+    rows = []
+    for n in sizes:
+        x = torch.randn(n, device="cuda")
+        wire = torch.empty(mm.wire_numel(n, block_size), dtype=torch.uint8, device="cuda")
+        y = torch.empty_like(x)
+        mm.encode(x, block_size, out=wire)
+        t_copy = bench(lambda: torch.empty_like(x).copy_(x))
+        t_enc = bench(lambda: mm.encode(x, block_size, out=wire, check_finite=False))
+        t_dec = bench(lambda: mm.decode(wire, n, block_size, out=y))
+        t_enc_check = bench(lambda: mm.encode(x, block_size, out=wire))
+        copy_bw = 2 * x.nbytes / t_copy
+        enc_bw = (x.nbytes + wire.nbytes) / t_enc
+        dec_bw = (wire.nbytes + y.nbytes) / t_dec
+        rows.append({
+            "n": n, "copy_gbs": copy_bw / 1e9, "encode_gbs": enc_bw / 1e9, "decode_gbs": dec_bw / 1e9,
+            "encode_pct_copy": 100 * enc_bw / copy_bw, "decode_pct_copy": 100 * dec_bw / copy_bw,
+            "encode_us": t_enc * 1e6, "decode_us": t_dec * 1e6, "encode_checked_us": t_enc_check * 1e6,
+        })  # fmt: skip
+        del x, wire, y
+        torch.cuda.empty_cache()
+    return rows
 
 
 if __name__ == "__main__":

@@ -169,8 +169,8 @@ def cpu_section(reps: int, n_tensors: int, n_elems: int) -> float:
     return t_torch_fused / best
 
 
-def gpu_section(n_tensors: int, n_elems: int, dry_run_cpu: bool = False) -> float | None:
-    """The GPU measurements; ``dry_run_cpu`` runs the same code on CPU tensors with the Triton
+def gpu_section(n_tensors: int, n_elems: int, dry_run_cpu: bool = False) -> dict | None:
+    """The GPU measurements (a dict of every row; None without a GPU); ``dry_run_cpu`` runs the same code on CPU tensors with the Triton
     kernels in Triton's interpreter (set TRITON_INTERPRET=1) to check the script without a GPU;
     its timings mean nothing."""
     if dry_run_cpu:
@@ -180,7 +180,7 @@ def gpu_section(n_tensors: int, n_elems: int, dry_run_cpu: bool = False) -> floa
         def bench(fn) -> float:
             return min(cpu_times_ms({"fn": fn}, 2)["fn"])
 
-        name = "CPU dry run (Triton interpreter), timings meaningless"
+        name_of_device = "CPU dry run (Triton interpreter), timings meaningless"
     else:
         if not torch.cuda.is_available():
             print("\n## GPU: skipped: no CUDA device here (run on a machine with one for the GPU targets)")
@@ -191,10 +191,10 @@ def gpu_section(n_tensors: int, n_elems: int, dry_run_cpu: bool = False) -> floa
             return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
 
         dev = torch.device("cuda")
-        name = torch.cuda.get_device_name(dev)
+        name_of_device = torch.cuda.get_device_name(dev)
     shapes = model_like_shapes(n_tensors, n_elems)
     total = sum(math.prod(s) for s in shapes)
-    print(f"\n## GPU: {name}; {len(shapes)} tensors, {total / 1e6:.1f}M fp32 elements")
+    print(f"\n## GPU: {name_of_device}; {len(shapes)} tensors, {total / 1e6:.1f}M fp32 elements")
     base = make_params(shapes, dev)
 
     def fresh():
@@ -225,30 +225,33 @@ def gpu_section(n_tensors: int, n_elems: int, dry_run_cpu: bool = False) -> floa
     rows = []
 
     def row(label, ms, bytes_per_elem=None, ref_ms=None):
-        bw = f"{bytes_per_elem * total / ms / 1e9:.2f} TB/s ({100 * bytes_per_elem * total / ms / 1e9 / copy_bw:.0f}% copy)" if bytes_per_elem else ""
+        share = bytes_per_elem * total / ms / 1e9 / copy_bw if bytes_per_elem else None
+        bw = f"{bytes_per_elem * total / ms / 1e9:.2f} TB/s ({100 * share:.0f}% copy)" if bytes_per_elem else ""
         extra = f"{ref_ms / ms:.2f}x" if ref_ms else ""
-        rows.append((label, ms, bw, extra))
+        rows.append({"label": label, "ms": ms, "share_of_copy": share, "speedup": ref_ms / ms if ref_ms else None})
         print(f"{label:<44}{ms:>9.3f} ms  {bw:<26}{extra}")
+        return ms
 
-    t_foreach = bench(O.Adam(fresh(), lr=1e-3, foreach=True).step)
-    row("torch Adam foreach=True", t_foreach, 28)
-    t_tfused = bench(O.Adam(fresh(), lr=1e-3, fused=True).step)
-    row("torch Adam fused=True", t_tfused, 28)
-    t_loop = bench(O.Adam(fresh(), lr=1e-3, foreach=False).step)
-    row("torch Adam foreach=False (per-param loop)", t_loop, 28)
-    t_badam = bench(fuse_optimizer(O.Adam(fresh(), lr=1e-3)).fuse_step)
-    row("bagua fuse_step Adam (vs fused=True)", t_badam, 28, t_tfused)
-    row("bagua fuse_step AdamW (vs fused=True)", bench(fuse_optimizer(O.AdamW(fresh(), lr=1e-3, weight_decay=0.01)).fuse_step), 28, t_tfused)
-    row("torch SGD momentum foreach=True", bench(O.SGD(fresh(), lr=1e-3, momentum=0.9, foreach=True).step), 20)
-    row("bagua fuse_step SGD momentum", bench(fuse_optimizer(O.SGD(fresh(), lr=1e-3, momentum=0.9)).fuse_step), 20)
-    row("bagua Lion unfused (per-param kernels)", bench(Lion(fresh(), lr=1e-4).step), 20)
-    row("bagua fuse_step Lion", bench(fuse_optimizer(Lion(fresh(), lr=1e-4)).fuse_step), 20)
-    t_ad = bench(O.Adadelta(fresh(), foreach=False).step)
-    row("torch Adadelta foreach=False (unfused)", t_ad)
-    row("bagua fuse_step Adadelta (generic)", bench(fuse_optimizer(O.Adadelta(fresh(), foreach=False)).fuse_step), None, t_ad)
-    print(f"GPU key ratio: bagua fused Adam vs torch fused=True: {t_tfused / t_badam:.2f}x "
-          f"({100 * 28 * total / t_badam / 1e9 / copy_bw:.0f}% of copy bandwidth)")  # fmt: skip
-    return t_tfused / t_badam
+    # (optimizer, bytes per element, its torch fused=True / foreach=True / bagua fuse_step)
+    for name, nbytes, make in (
+        ("Adam", 28, lambda ps, **kw: O.Adam(ps, lr=1e-3, **kw)),
+        ("AdamW", 28, lambda ps, **kw: O.AdamW(ps, lr=1e-3, weight_decay=0.01, **kw)),
+        ("SGD momentum", 20, lambda ps, **kw: O.SGD(ps, lr=1e-3, momentum=0.9, **kw)),
+    ):
+        t_fused = row(f"torch {name} fused=True", bench(make(fresh(), fused=True).step), nbytes)
+        t_foreach = row(f"torch {name} foreach=True", bench(make(fresh(), foreach=True).step), nbytes)
+        row(f"bagua fuse_step {name} (vs fused=True)", bench(fuse_optimizer(make(fresh())).fuse_step), nbytes, t_fused)
+        rows[-1]["vs_foreach"] = t_foreach / rows[-1]["ms"]
+    row("torch Adam foreach=False (per-param loop)", bench(O.Adam(fresh(), lr=1e-3, foreach=False).step), 28)
+    t_lion = row("bagua Lion unfused (per-param kernels)", bench(Lion(fresh(), lr=1e-4).step), 20)
+    row("bagua fuse_step Lion (vs unfused)", bench(fuse_optimizer(Lion(fresh(), lr=1e-4)).fuse_step), 20, t_lion)
+    t_ad = row("torch Adadelta foreach=False (unfused)", bench(O.Adadelta(fresh(), foreach=False).step))
+    row("bagua fuse_step Adadelta (generic, vs unfused)", bench(fuse_optimizer(O.Adadelta(fresh(), foreach=False)).fuse_step), None, t_ad)
+    adam = next(r for r in rows if r["label"].startswith("bagua fuse_step Adam "))
+    print(f"GPU key ratio: bagua fused Adam vs torch fused=True: {adam['speedup']:.2f}x "
+          f"({100 * adam['share_of_copy']:.0f}% of copy bandwidth)")  # fmt: skip
+    return {"device": name_of_device, "tensors": len(shapes), "elements": total, "copy_tbs": copy_bw,
+            "fused_adamw_max_abs_err": err, "rows": rows, "key_ratio": adam["speedup"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     gpu_ratio = cpu_ratio = None
     if args.section in ("gpu", "all"):
-        gpu_ratio = gpu_section(args.gpu_tensors, int(args.gpu_elems), args.gpu_dry_run_cpu)
+        gpu = gpu_section(args.gpu_tensors, int(args.gpu_elems), args.gpu_dry_run_cpu)
+        gpu_ratio = gpu["key_ratio"] if gpu else None
     if args.section in ("cpu", "all"):
         cpu_ratio = cpu_section(args.reps, args.cpu_tensors, int(args.cpu_elems))
     if gpu_ratio is not None:

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from . import checks, stripes, traffic
 from ._torch_compat import all_gather_flat, reduce_scatter_flat
+from .host_staging import through_host
 from .process_group import BaguaProcessGroup, _collective_checks_enabled, get_default_group
 
 
@@ -178,6 +179,7 @@ def _divide_in_place(tensor: torch.Tensor, divisor: int) -> Callable[[], None]:
     return finish
 
 
+@through_host(write_back=True)
 def allreduce(
     tensor: torch.Tensor,
     op: Union[ReduceOp, str] = ReduceOp.SUM,
@@ -219,6 +221,7 @@ def allreduce(
     )
 
 
+@through_host(write_back=False)
 def allgather(
     input: torch.Tensor, group: Optional[BaguaProcessGroup] = None, async_op: bool = False
 ) -> Union[torch.Tensor, Handle]:
@@ -248,6 +251,7 @@ def allgather(
     )
 
 
+@through_host(write_back=False)
 def alltoall(
     input: torch.Tensor, group: Optional[BaguaProcessGroup] = None, async_op: bool = False
 ) -> Union[torch.Tensor, Handle]:
@@ -283,6 +287,7 @@ def alltoall(
     )
 
 
+@through_host(write_back=False)
 def alltoall_v(
     input: torch.Tensor,
     input_splits: Sequence[int],
@@ -331,6 +336,7 @@ def alltoall_v(
     )
 
 
+@through_host(write_back=False)
 def reduce_scatter(
     input: torch.Tensor,
     op: Union[ReduceOp, str] = ReduceOp.SUM,
@@ -384,6 +390,7 @@ def reduce_scatter(
     )
 
 
+@through_host(write_back=True)
 def broadcast(
     tensor: torch.Tensor, src: int = 0, group: Optional[BaguaProcessGroup] = None, async_op: bool = False
 ) -> Optional[Handle]:
@@ -408,6 +415,7 @@ def broadcast(
     )
 
 
+@through_host(write_back=True)
 def reduce(
     tensor: torch.Tensor,
     dst: int = 0,
@@ -445,6 +453,7 @@ def reduce(
     )
 
 
+@through_host(write_back=False)
 def gather(
     input: torch.Tensor, dst: int = 0, group: Optional[BaguaProcessGroup] = None, async_op: bool = False
 ) -> Union[Optional[torch.Tensor], Handle]:
@@ -477,6 +486,7 @@ def gather(
     )
 
 
+@through_host(write_back=False)
 def scatter(
     input: torch.Tensor, src: int = 0, group: Optional[BaguaProcessGroup] = None, async_op: bool = False
 ) -> Union[torch.Tensor, Handle]:
@@ -529,6 +539,7 @@ def _point_to_point_group(what: str, tensor: object, group: Optional[BaguaProces
     return pg
 
 
+@through_host(write_back=False)
 def send(
     tensor: torch.Tensor, dst: int, async_op: bool = False, group: Optional[BaguaProcessGroup] = None
 ) -> Optional[Handle]:
@@ -546,6 +557,7 @@ def send(
     return _run(what, lambda: stripes.launch(pg, tensor, lambda g, part: dist.isend(flat[part], dst, group=g)), None, async_op)
 
 
+@through_host(write_back=True)
 def recv(
     tensor: torch.Tensor, src: int, async_op: bool = False, group: Optional[BaguaProcessGroup] = None
 ) -> Optional[Handle]:

@@ -43,9 +43,10 @@ import torch
 import torch.distributed as dist
 
 from . import stripes, traffic
-from .collectives import Handle, ReduceOp, _named_errors, _op_code, _prepare, _run, _done, as_reduce_op
+from .collectives import Handle, ReduceOp, _done, _named_errors, _op_code, _prepare, _run, as_reduce_op
 from .compression import Codec, Payload, get_codec
 from .process_group import BaguaProcessGroup
+from .host_staging import through_host
 
 _REDUCERS = {
     ReduceOp.SUM: lambda x: x.sum(dim=0),
@@ -99,6 +100,7 @@ def _post_all(
     return [work for j, peer in enumerate(pg.ranks) if j != pg.rank for work in _post(post, buffer_for(j), peer, group, tag)]
 
 
+@through_host(write_back=True)
 def compressed_allreduce(
     tensor: torch.Tensor,
     op: Union[ReduceOp, str] = ReduceOp.AVG,

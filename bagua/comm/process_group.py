@@ -102,18 +102,28 @@ class BaguaProcessGroup:
         """The calling process's rank within this group."""
         return self.rank_of(dist.get_rank())
 
+    def backend_for(self, device_type: str) -> str | None:
+        """The backend that moves this group's tensors of ``device_type`` ("gloo", "nccl", ...),
+        or None if none does."""
+        return _backends_by_device(self.backend).get(device_type)
+
     def device_types(self) -> frozenset[str]:
         """Device types whose tensors this group's backend can move."""
-        types = set()
-        for part in self.backend.lower().split(","):
-            name = part.split(":")[-1]
-            if name == "gloo":
-                types.update({"cpu", "cuda"})
-            elif name == "nccl":
-                types.add("cuda")
-            else:
-                types.add(part.split(":")[0] if ":" in part else "cpu")
-        return frozenset(types)
+        return frozenset(_backends_by_device(self.backend))
+
+
+_DEVICES_OF = {"gloo": ("cpu", "cuda"), "nccl": ("cuda",)}  # Gloo moves CUDA tensors through host memory
+
+
+def _backends_by_device(backend: str) -> dict[str, str]:
+    """{device type: backend} of a torch backend string: ``"cpu:gloo,cuda:nccl"`` names one per
+    device type; a bare name serves every type it can."""
+    table: dict[str, str] = {}
+    parts = [part.rpartition(":") for part in backend.lower().split(",")]
+    for device, _, name in sorted(parts, key=lambda p: not p[0]):  # explicit device types first
+        for d in (device,) if device else _DEVICES_OF.get(name, ("cpu",)):
+            table.setdefault(d, name)
+    return table
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,291 @@
+"""The sections of ``benchmarks/gpu_check.py``, each ``name(section, out, quick, save)``: it adds
+checks, measurements and targets to ``section`` (see ``gpu_check.check/measure/target``) and calls
+``save()`` after each part, so a crash keeps what was done. Each runs in a process of its own.
+
+Example::
+
+    python benchmarks/gpu_check.py --sections kernels      # runs kernel_sweep's section alone
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from benchmarks.gpu_check import REPO, check, measure, target
+
+# "cpu" only for gpu_check.py --dry-run-cpu (the Triton kernels in Triton's interpreter, tiny
+# sizes, timings meaningless): it checks this script without a GPU
+DEVICE = os.environ.get("BAGUA_GPU_CHECK_DEVICE", "cuda")
+MB = 1 << 20
+FULL_SIZES = [1, 2, 127, 2048, 2049, 65_537, MB + 3, 16 * MB + 5, 64 * MB]
+QUICK_SIZES = [1, 127, 2049, MB + 3]
+DRY_RUN_SIZES = [1, 127, 2049, 5000]
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# allowed |triton - reference| <= rtol * |reference| + atol per dtype: float32 math rounded to the
+# dtype, so a last-bit difference in float32 may move a rounded result by one unit in the last place
+TOLERANCE = {torch.float32: (2e-6, 1e-7), torch.bfloat16: (2.0**-7, 1e-6), torch.float16: (2.0**-10, 1e-6)}
+
+
+# ---- tests: pytest -m gpu --------------------------------------------------------------------
+
+_OUTCOME = re.compile(r"^(tests/\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)")
+
+
+def tests(section: dict, out: Path, quick: bool, save: Callable[[], None]) -> None:
+    """Every test marked ``gpu``; each test case is one check, recorded as pytest reports it (so
+    a deadline keeps the ones done); a skip on a GPU machine fails. Failures' messages come from
+    the junit report at the end."""
+    junit = out / "junit_gpu.xml"
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", "-o", "addopts=",
+           f"--junitxml={junit}", "-rs"]  # fmt: skip
+    try:
+        import pytest_timeout  # noqa: F401
+
+        cmd.append("--timeout=150")
+    except ImportError:
+        pass
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:
+        print(line, end="", flush=True)
+        seen = _OUTCOME.match(line)
+        if seen:
+            name, outcome = seen.groups()
+            check(section, name, outcome in ("PASSED", "XFAIL"), "" if outcome == "PASSED" else outcome.lower())
+            save()
+    measure(section, "pytest exit code", proc.wait(), "")
+    if junit.exists():  # the reasons of failures and skips
+        reasons = {}
+        for case in ET.parse(junit).getroot().iter("testcase"):
+            problem = next((c for c in case if c.tag in ("failure", "error", "skipped")), None)
+            if problem is not None:
+                path = case.get("classname").replace(".", "/") + ".py::" + case.get("name")
+                reasons[path] = f"{problem.tag}: {(problem.get('message') or '')[:500]}"
+        for c in section["checks"]:
+            c["detail"] = reasons.get(c["name"], c["detail"])
+    if not section["checks"]:
+        check(section, "pytest -m gpu ran tests", False, f"exit code {proc.returncode}")
+    save()
+
+
+# ---- kernels: Triton against the torch reference ----------------------------------------------
+
+def _optimizer_cases():
+    from bagua.kernels import adam, lion, sgd
+
+    return [
+        # (name, triton fn, reference fn, state tensor names, hyperparameters)
+        ("adam", adam.adam_step_triton, adam.adam_step_reference, 2, dict(step=7, lr=1e-3, weight_decay=0.01)),
+        ("adamw amsgrad", adam.adam_step_triton, adam.adam_step_reference, 3,
+         dict(step=7, lr=1e-3, weight_decay=0.05, decoupled_weight_decay=True, amsgrad=True)),
+        ("adam maximize", adam.adam_step_triton, adam.adam_step_reference, 2, dict(step=1, lr=1e-2, maximize=True)),
+        ("sgd nesterov", sgd.sgd_step_triton, sgd.sgd_step_reference, 1,
+         dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4)),
+        ("sgd first step", sgd.sgd_step_triton, sgd.sgd_step_reference, 1, dict(lr=0.1, momentum=0.9, first=True)),
+        ("sgd plain", sgd.sgd_step_triton, sgd.sgd_step_reference, 0, dict(lr=0.1)),
+        ("lion", lion.lion_step_triton, lion.lion_step_reference, 1, dict(lr=1e-4, weight_decay=0.1)),
+    ]  # fmt: skip
+
+
+def _sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def _fresh(n: int, count: int, dtype: torch.dtype, seed: int) -> list[torch.Tensor]:
+    """param, grad and ``count`` states (non-negative, as second moments are) on the GPU."""
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    param = torch.randn(n, device=DEVICE, generator=g).to(dtype)
+    grad = (torch.randn(n, device=DEVICE, generator=g) * 1e-2).to(dtype)
+    states = [(torch.randn(n, device=DEVICE, generator=g) * 1e-2).abs().to(dtype) for _ in range(count)]
+    return [param, grad, *states]
+
+
+def _compare(got: torch.Tensor, want: torch.Tensor) -> tuple[bool, str]:
+    rtol, atol = TOLERANCE[want.dtype]
+    g, w = got.double(), want.double()
+    diff = (g - w).abs()
+    ok = bool(torch.isfinite(g).all()) and bool((diff <= rtol * w.abs() + atol).all())
+    equal = float((got.view(-1) == want.view(-1)).float().mean()) if want.numel() else 1.0
+    return ok, f"max |diff| {float(diff.max()) if diff.numel() else 0.0:.3g}, bit-equal {100 * equal:.4f}%"
+
+
+def kernels(section: dict, out: Path, quick: bool, save: Callable[[], None]) -> None:
+    """Each optimizer kernel and the MinMax-UInt8 codec at every size and dtype against the
+    torch reference of the same math on the same GPU (the codec: bitwise, and against the CPU
+    reference up to 1M elements)."""
+    from bagua.kernels import minmax_uint8 as mm
+
+    sizes = DRY_RUN_SIZES if DEVICE != "cuda" else QUICK_SIZES if quick else FULL_SIZES
+    for name, triton_fn, reference_fn, n_states, hp in _optimizer_cases():
+        for dtype in DTYPES:
+            for n in sizes:
+                want = _fresh(n, n_states, dtype, seed=n)
+                got = [t.clone() for t in want]
+                reference_fn(*want, **hp)
+                triton_fn(*got, **hp)
+                _sync()
+                results = [_compare(a, b) for a, b in zip(got, want)]
+                ok = all(r[0] for r in results)
+                check(section, f"{name} {str(dtype)[6:]} n={n}", ok, "; ".join(r[1] for r in results))
+                del want, got
+            save()
+    for dtype in DTYPES:
+        for n in sizes:
+            g = torch.Generator(device=DEVICE).manual_seed(n)
+            x = (torch.randn(n, device=DEVICE, generator=g) * 3 + 1).to(dtype)
+            wire_ref = mm.encode_reference(x)
+            wire = mm.encode_triton(x)
+            same = torch.equal(wire, wire_ref)
+            if n <= MB + 3:
+                same = same and torch.equal(wire.cpu(), mm.encode_reference(x.cpu()))
+            check(section, f"minmax_uint8 encode {str(dtype)[6:]} n={n}", same,
+                  "" if same else f"{int((wire != wire_ref).sum())} of {wire.numel()} wire bytes differ")  # fmt: skip
+            y = torch.full((n,), float("nan"), device=DEVICE, dtype=dtype)  # poisoned: every element must be written
+            mm.decode_triton(wire_ref, n, out=y)
+            y_ref = mm.decode_reference(wire_ref, n, dtype=dtype)
+            same = torch.equal(y, y_ref)
+            check(section, f"minmax_uint8 decode {str(dtype)[6:]} n={n}", same,
+                  "" if same else f"max |diff| {float((y.float() - y_ref.float()).abs().nan_to_num(float('inf')).max()):.3g}")  # fmt: skip
+            del x, wire, wire_ref, y, y_ref
+        save()
+    x = torch.randn(MB, device=DEVICE)
+    x[777_777] = float("nan")
+    try:
+        mm.encode(x)
+        refused = False
+    except ValueError:
+        refused = True
+    check(section, f"minmax_uint8 encode refuses NaN on {DEVICE}", refused)
+
+
+# ---- speed: ratios in the same run --------------------------------------------------------------
+
+def speed(section: dict, out: Path, quick: bool, save: Callable[[], None]) -> None:
+    """The codec against copy bandwidth; the fused optimizers against torch's fused and foreach."""
+    from bagua.kernels import minmax_uint8 as mm
+    from benchmarks import codec_gpu, fused_optimizer
+
+    dry_run = DEVICE != "cuda"
+    rows = [] if dry_run else codec_gpu.measure(mm, [16 * MB] if quick else [16 * MB, 64 * MB], rep=50 if quick else 200)
+    for r in rows:
+        for what in ("encode", "decode"):
+            measure(section, f"minmax_uint8 {what} n={r['n']}", r[f"{what}_gbs"], "GB/s")
+        measure(section, f"copy n={r['n']}", r["copy_gbs"], "GB/s")
+    if rows:
+        worst = min(min(r["encode_pct_copy"], r["decode_pct_copy"]) for r in rows)
+        target(section, "minmax_uint8 encode/decode, % of copy bandwidth (n >= 16M)", worst, ">= 80", worst >= 80)
+    save()
+
+    tensors, elements = (14, 5000) if dry_run else (64, 16 * MB) if quick else (256, 64 * MB)
+    result = fused_optimizer.gpu_section(tensors, elements, dry_run_cpu=dry_run)
+    err = result["fused_adamw_max_abs_err"]
+    check(section, "fused AdamW equals torch AdamW after 5 steps", err <= 1e-6, f"max |diff| {err:.3g}")
+    measure(section, "device-to-device copy", result["copy_tbs"], "TB/s")
+    for row in result["rows"]:
+        measure(section, row["label"], row["ms"], "ms")
+        if row["speedup"] is not None:
+            target(section, f"{row['label']}: speedup", row["speedup"], ">= 1.00x", row["speedup"] >= 1.0)
+    adam = next(r for r in result["rows"] if r["label"].startswith("bagua fuse_step Adam "))
+    target(section, "bagua fused Adam, share of copy bandwidth", adam["share_of_copy"], ">= 0.90", adam["share_of_copy"] >= 0.9)
+    save()
+
+
+# ---- wrapper: one rank on NCCL against torch DDP --------------------------------------------------
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _language_model() -> tuple[torch.nn.Module, str]:
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Embedding(256, 512), torch.nn.Linear(512, 2048), torch.nn.GELU(),
+                                    torch.nn.Linear(2048, 256))  # fmt: skip
+        return model.to(DEVICE), "MLP over byte embeddings (transformers is missing)"
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=256, n_positions=256, n_embd=512, n_layer=6, n_head=8,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # the same losses from both wrappers
+    return GPT2LMHeadModel(config).to(DEVICE), "GPT-2 architecture, 6 layers x 512, context 256, bytes"
+
+
+def _loss(model, x):
+    out = model(x)
+    logits = out.logits if hasattr(out, "logits") else out
+    return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 256).float(), x[:, 1:].reshape(-1))
+
+
+def wrapper(section: dict, out: Path, quick: bool, save: Callable[[], None]) -> None:
+    """bagua gradient_allreduce vs torch DDP, one rank on NCCL, bf16 autocast, the same fused
+    AdamW: per-step time (median of interleaved rounds) and the same losses."""
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))  # fmt: skip
+    import bagua
+
+    bagua.init_process_group()
+    backend = bagua.comm.get_default_group().backend_for(DEVICE)
+    check(section, f"the default group sends {DEVICE} tensors with {'NCCL' if DEVICE == 'cuda' else 'Gloo'}",
+          backend == ("nccl" if DEVICE == "cuda" else "gloo"), bagua.comm.get_default_group().backend)  # fmt: skip
+    runs = {}
+    for kind in ("torch", "bagua"):
+        model, described = _language_model()
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+        if kind == "torch":
+            ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0] if DEVICE == "cuda" else None)
+        else:
+            ddp = bagua.DistributedDataParallel(model, optimizers=[opt], algorithm="gradient_allreduce")
+        runs[kind] = (ddp, opt, [])
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    shape = (16, 256) if DEVICE == "cuda" else (2, 16)
+    data = [torch.randint(0, 256, shape, device=DEVICE, generator=g) for _ in range(8)]
+
+    measure(section, f"model: {described}, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters",
+            shape[0] * shape[1], "tokens/step")  # fmt: skip
+
+    def step(kind: str, i: int) -> None:
+        ddp, opt, losses = runs[kind]
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            loss = _loss(ddp, data[i % len(data)])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+
+    for i in range(5):  # warm-up, and the same first losses from the same weights and data
+        for kind in runs:
+            step(kind, i)
+    first = {k: torch.stack(v[2][:5]).float().cpu() for k, v in runs.items()}
+    rel = float(((first["bagua"] - first["torch"]).abs() / first["torch"].abs()).max())
+    check(section, "bagua's first 5 losses equal torch DDP's (bf16 autocast)", rel <= 1e-3, f"max relative diff {rel:.2g}")
+    steps_per_round, rounds = (2, 1) if DEVICE != "cuda" else (5, 3) if quick else (10, 7)
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    for r in range(rounds):
+        for kind in (("torch", "bagua") if r % 2 == 0 else ("bagua", "torch")):
+            _sync()
+            t0 = time.perf_counter()
+            for i in range(steps_per_round):
+                step(kind, i)
+            _sync()
+            times[kind].append(1e3 * (time.perf_counter() - t0) / steps_per_round)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    for kind, ms in med.items():
+        measure(section, f"{kind} DDP step (median of {rounds} rounds of {steps_per_round})", ms, "ms")
+    ratio = med["bagua"] / med["torch"]
+    target(section, "bagua gradient_allreduce step time / torch DDP (1 rank, NCCL)", ratio, "<= 1.02", ratio <= 1.02)
+    save()
+    bagua.destroy_process_group()
