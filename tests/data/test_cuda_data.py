@@ -32,7 +32,8 @@ class _CudaSamples(torch.utils.data.Dataset):
         return {"x": x, "y": torch.tensor(i, device="cuda"), "half": x.to(torch.bfloat16)}
 
 
-def test_lmdb_cache_serves_cuda_samples_by_value(cache_dir):
+def test_lmdb_cache_serves_cuda_samples_by_value(tmp_path, monkeypatch):
+    monkeypatch.setenv("BAGUA_CACHE_DIR", str(tmp_path))  # (the cache_dir fixture needs redis)
     source = _CudaSamples()
     ds = bagua.data.CachedDataset(source, backend="lmdb", dataset_name="cuda-samples")
     first = [ds[i] for i in range(len(ds))]
