@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SECTIONS = {"kernels": 90, "speed": 100, "wrapper": 70, "tests": 190}  # name: deadline, s (7.5 minutes in all)
+SECTIONS = {"kernels": 90, "speed": 100, "wrapper": 100, "tests": 160}  # name: deadline, s (7.5 minutes in all)
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_GPU, EXIT_MISSING = 0, 1, 2, 3, 4
 # importable name -> what to do when it is missing (the device image has no network: carry wheels)
 PREREQUISITES = {
