@@ -1,0 +1,285 @@
+"""Train a GPT-2-architecture byte-level language model on the Python standard library's source.
+
+Real text with no download (the ``.py`` files of this interpreter's standard library, see
+``stdlib_corpus.py``), a model built from ``transformers.GPT2Config`` (vocabulary 256: bytes, no
+tokenizer, no weights), and the whole toolkit as a user would adopt it:
+
+- documents of different lengths, batches padded to their longest member, and
+  ``LoadBalancingDistributedBatchSampler`` keyed by length under a token budget, so every rank
+  gets the same work per step (``--sampler torch`` for torch's ``DistributedSampler`` instead);
+- the reading of documents cached in LMDB (``CachedDataset``);
+- the optimizer fused (``fuse_optimizer``: AdamW, one kernel over flat buffers);
+- any algorithm (``--algorithm``; qadam with ``QAdamOptimizer``), under torchrun or through the
+  Lightning strategy (``--lightning``).
+
+    torchrun --standalone --nproc-per-node 2 examples/train_lm.py --steps 300
+    torchrun --standalone --nproc-per-node 2 examples/train_lm.py --algorithm bytegrad --plot
+    python examples/train_lm.py --lightning --devices 2 --steps 100
+
+It shows a progress bar with tokens/s, the validation loss and perplexity every
+``--eval-every`` steps with the bytes each step sent, a final line with the validation loss and
+the wall time, and with ``--plot`` a loss-versus-time plot in ``--out-dir`` (beside the curve's
+CSV). Validation runs on a fixed set of held-out documents split across ranks; for algorithms that
+leave replicas apart (decentralized, async) each rank evaluates its own replica on its share
+during training, and the final loss is that of the replicas' average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from stdlib_corpus import VOCAB, StdlibDocuments, pad_batch  # noqa: E402
+
+import bagua  # noqa: E402
+
+ALGORITHMS = ("gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--algorithm", choices=ALGORITHMS, default="gradient_allreduce")
+    parser.add_argument("--steps", type=int, default=1000, help="optimizer steps (default 1000)")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--width", type=int, default=256, help="embedding width (default 256: ~6.4M parameters with 8 layers)")
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=16,
+                        help="documents per rank and step; with the balanced sampler, the token budget is batch-size x (context + 1)")
+    parser.add_argument("--sampler", choices=("balanced", "torch"), default="balanced")
+    parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-3)")
+    parser.add_argument("--warmup-steps", type=int, default=50)
+    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--val-docs", type=int, default=512, help="held-out documents per evaluation")
+    parser.add_argument("--max-files", type=int, default=None, help="use this many corpus files (quick runs)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), f"bagua-lm-cache-{os.getuid()}"))
+    parser.add_argument("--no-fuse", action="store_true", help="keep the optimizer unfused")
+    parser.add_argument("--out-dir", default="lm_run", help="where the curve (CSV) and the plot go")
+    parser.add_argument("--plot", action="store_true", help="write lm_loss.png: validation loss against wall time")
+    parser.add_argument("--lightning", action="store_true", help="train through Lightning's Trainer with BaguaStrategy")
+    parser.add_argument("--devices", type=int, default=1, help="--lightning without torchrun: ranks Lightning launches")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    for name in ("steps", "layers", "width", "heads", "context", "batch_size", "eval_every", "val_docs"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.width % args.heads:
+        parser.error(f"--width ({args.width}) must be a multiple of --heads ({args.heads})")
+    return args
+
+
+# ---- model, data, optimizer --------------------------------------------------------------------
+
+def build_model(args: argparse.Namespace) -> torch.nn.Module:
+    """A GPT-2-architecture causal LM over bytes, from a config (no weights downloaded)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(args.seed)
+    config = GPT2Config(vocab_size=VOCAB, n_positions=args.context + 1, n_embd=args.width, n_layer=args.layers,
+                        n_head=args.heads, bos_token_id=None, eos_token_id=None)  # fmt: skip
+    return GPT2LMHeadModel(config)
+
+
+def datasets(args: argparse.Namespace, rank: int) -> tuple[torch.utils.data.Dataset, StdlibDocuments, np.ndarray]:
+    """(the training documents through an LMDB cache, the validation documents, training lengths)."""
+    train = StdlibDocuments("train", context=args.context, max_files=args.max_files)
+    cached = bagua.data.CachedDataset(train, backend="lmdb", dataset_name=f"stdlib-train-{train.fingerprint()}",
+                                      path=args.cache_dir)  # fmt: skip
+    return cached, StdlibDocuments("val", context=args.context, max_files=args.max_files), train.lengths
+
+
+def batch_sampler(args: argparse.Namespace, dataset, lengths: np.ndarray, rank: int, world: int):
+    """Per rank: the balanced batches (similar lengths, a token budget, equal work per rank) or
+    torch's DistributedSampler in batches of ``--batch-size``."""
+    if args.sampler == "torch":
+        inner = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=True)
+        return BatchSampler(inner, args.batch_size, drop_last=True), inner
+    inner = bagua.data.LoadBalancingDistributedSampler(dataset, complexities=lengths, num_replicas=world, rank=rank,
+                                                       shuffle=True, seed=args.seed, random_level=0.5)  # fmt: skip
+    batches = bagua.data.LoadBalancingDistributedBatchSampler(inner, max_complexity=args.batch_size * (args.context + 1))
+    return batches, batches
+
+
+def make_optimizer(args: argparse.Namespace, model: torch.nn.Module) -> torch.optim.Optimizer:
+    lr = args.lr or 1e-3
+    if args.algorithm == "qadam":
+        opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=lr, warmup_steps=max(1, args.warmup_steps), weight_decay=0.01)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+    return opt if args.no_fuse else bagua.optim.fuse_optimizer(opt)
+
+
+def schedule(args: argparse.Namespace, opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up, then cosine decay to a tenth of the peak at ``--steps``."""
+    def factor(step: int) -> float:
+        if step < args.warmup_steps:
+            return (step + 1) / args.warmup_steps
+        done = min(1.0, (step - args.warmup_steps) / max(1, args.steps - args.warmup_steps))
+        return 0.1 + 0.45 * (1 + math.cos(math.pi * done))
+    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def make_algorithm(name: str, optimizer: torch.optim.Optimizer):
+    if name == "qadam":
+        return bagua.algorithms.QAdamAlgorithm(optimizer)
+    if name == "async":
+        return bagua.algorithms.AsyncModelAverageAlgorithm(sync_interval_ms=50, warmup_steps=20)
+    return bagua.algorithms.Algorithm.init(name)
+
+
+def token_loss(model, batch: dict[str, torch.Tensor], reduction: str = "mean") -> tuple[torch.Tensor, int]:
+    """Next-byte cross entropy over the real (unpadded) positions, and how many there are."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    targets = batch["labels"][:, 1:]
+    loss = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), targets.reshape(-1), ignore_index=-100, reduction=reduction)
+    return loss, int((targets != -100).sum())
+
+
+@torch.no_grad()
+def validation_loss(model, val: StdlibDocuments, n_docs: int, rank: int, world: int) -> float:
+    """Mean next-byte loss (nats) over a fixed set of ``n_docs`` held-out documents spread over
+    the split, each rank evaluating its share; the same number whatever the world size."""
+    chosen = np.unique(np.linspace(0, len(val) - 1, min(n_docs, len(val))).astype(int))[rank::world]
+    was_training = model.training
+    model.eval()
+    total = torch.zeros(2, dtype=torch.float64)
+    for i in range(0, len(chosen), 32):
+        loss, n = token_loss(model, pad_batch([val[int(j)] for j in chosen[i:i + 32]]), reduction="sum")
+        total += torch.tensor([float(loss), n], dtype=torch.float64)
+    model.train(was_training)
+    bagua.comm.allreduce(total, op=bagua.comm.ReduceOp.SUM)
+    return float(total[0] / total[1])
+
+
+def parameters_identical(params: list[torch.Tensor]) -> bool:
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    hi, lo = flat.clone(), flat.clone()
+    bagua.comm.allreduce(hi, op=bagua.comm.ReduceOp.MAX)
+    bagua.comm.allreduce(lo, op=bagua.comm.ReduceOp.MIN)
+    return torch.equal(hi, lo)
+
+
+# ---- the loop ----------------------------------------------------------------------------------
+
+def train(args: argparse.Namespace, log=print) -> dict:
+    """Train as ``args`` say on the current process group; return the curve and the results."""
+    from tqdm import tqdm
+
+    rank, world = bagua.get_rank(), bagua.get_world_size()
+    train_set, val_set, lengths = datasets(args, rank)
+    batches, epoch_setter = batch_sampler(args, train_set, lengths, rank, world)
+    loader = DataLoader(train_set, batch_sampler=batches, collate_fn=pad_batch)
+    model = build_model(args)
+    opt = make_optimizer(args, model)
+    step_fn = opt.step if args.no_fuse else opt.fuse_step
+    scheduler = schedule(args, opt)
+    algorithm = make_algorithm(args.algorithm, opt)
+    ddp = bagua.DistributedDataParallel(model, optimizers=[opt], algorithm=algorithm)
+    params = sum(p.numel() for p in model.parameters())
+    log(f"stdlib LM: {len(train_set)} train / {len(val_set)} val documents, {params / 1e6:.2f}M parameters, "
+        f"world {world}, algorithm {args.algorithm}, sampler {args.sampler}")  # fmt: skip
+
+    curve = [(0, 0.0, 0, float("nan"), validation_loss(model, val_set, args.val_docs, rank, world))]
+    log(f"step {0:5d}  val loss {curve[0][4]:.4f}  ppl {math.exp(curve[0][4]):.1f}")
+    step, epoch, tokens, padded, start = 0, 0, 0, 0, time.perf_counter()
+    eval_time = 0.0  # evaluations pause the clock: the curve is against training time
+    bar = tqdm(total=args.steps, desc="train", disable=bool(rank) or args.no_progress, unit="step")
+    while step < args.steps:
+        epoch_setter.set_epoch(epoch)
+        for batch in loader:
+            loss, n = token_loss(ddp, batch)
+            opt.zero_grad()
+            loss.backward()
+            step_fn()
+            scheduler.step()
+            step, tokens, padded = step + 1, tokens + n, padded + batch["attention_mask"].numel() - n
+            elapsed = time.perf_counter() - start - eval_time
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{tokens * world / max(elapsed, 1e-9):.0f}")
+            if step % args.eval_every == 0 or step == args.steps:
+                t0 = time.perf_counter()
+                val = validation_loss(model, val_set, args.val_docs, rank, world)
+                seen = torch.tensor([tokens, padded], dtype=torch.float64)
+                bagua.comm.allreduce(seen, op=bagua.comm.ReduceOp.SUM)
+                curve.append((step, elapsed, int(seen[0]), loss.item(), val))
+                log(f"step {step:5d}  train loss {loss.item():.4f}  val loss {val:.4f}  ppl {math.exp(val):.1f}  "
+                    f"{seen[0] / elapsed:.0f} tokens/s  padding {seen[1] / seen.sum():.1%}  "
+                    f"sent {ddp.bytes_sent_last_step / 1e6:.2f} MB/step")  # fmt: skip
+                eval_time += time.perf_counter() - t0
+            if step == args.steps:
+                break
+        epoch += 1
+    bar.close()
+    wall = time.perf_counter() - start - eval_time
+    identical = parameters_identical(list(model.parameters()))
+    if isinstance(algorithm, bagua.algorithms.AsyncModelAverageAlgorithm):
+        algorithm.abort(ddp)  # stops the background averaging on every rank, identical weights
+    elif not identical:
+        with torch.no_grad():
+            for p in model.parameters():
+                bagua.comm.allreduce(p, op=bagua.comm.ReduceOp.AVG)
+    final = validation_loss(model, val_set, args.val_docs, rank, world)
+    ddp.close()
+    train_set.close()
+    return {"curve": curve, "final_val_loss": final, "wall_s": wall, "tokens": curve[-1][2],
+            "identical_after_training": identical, "parameters": params}
+
+
+def write_outputs(args: argparse.Namespace, result: dict) -> None:
+    """The curve as CSV and, with ``--plot``, validation loss against wall time (rank 0)."""
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "lm_curve.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["step", "train_seconds", "tokens", "train_loss", "val_loss"])
+        w.writerows(result["curve"])
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        _, secs, _, _, vals = zip(*result["curve"])
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(secs, vals, marker="o", label=args.algorithm)
+        ax.set(xlabel="training time (s)", ylabel="validation loss (nats/byte)", title="stdlib byte LM")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "lm_loss.png", dpi=120)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.lightning:
+        from train_lm_lightning import fit
+
+        return fit(args)
+    bagua.init_process_group()
+    rank = bagua.get_rank()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // bagua.get_local_size()))
+    log = (lambda line: print(line, flush=True)) if rank == 0 else (lambda line: None)
+    result = train(args, log)
+    if not result["identical_after_training"]:
+        log("replicas differed after training (as this algorithm allows); the final loss is their average's")
+    if rank == 0:
+        write_outputs(args, result)
+    log(f"final: validation loss {result['final_val_loss']:.4f} (ppl {math.exp(result['final_val_loss']):.2f}) "
+        f"after {args.steps} steps, {result['tokens']} tokens, {result['wall_s']:.1f} s of training")
+    bagua.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
