@@ -46,11 +46,13 @@ from stdlib_corpus import VOCAB, StdlibDocuments, pad_batch  # noqa: E402
 import bagua  # noqa: E402
 
 ALGORITHMS = ("gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam")
+BASELINE = "torch-ddp"  # torch.nn.parallel.DistributedDataParallel on the same loop, to compare with
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--algorithm", choices=ALGORITHMS, default="gradient_allreduce")
+    parser.add_argument("--algorithm", choices=ALGORITHMS + (BASELINE,), default="gradient_allreduce",
+                        help=f"how ranks communicate; {BASELINE}: torch's DistributedDataParallel, the baseline")
     parser.add_argument("--steps", type=int, default=1000, help="optimizer steps (default 1000)")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--width", type=int, default=256, help="embedding width (default 256: ~6.4M parameters with 8 layers)")
@@ -61,6 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sampler", choices=("balanced", "torch"), default="balanced")
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-3)")
     parser.add_argument("--warmup-steps", type=int, default=50)
+    parser.add_argument("--schedule-steps", type=int, default=None,
+                        help="the cosine decay ends here, then the rate stays at a tenth of the peak (default --steps)")
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--val-docs", type=int, default=512, help="held-out documents per evaluation")
     parser.add_argument("--max-files", type=int, default=None, help="use this many corpus files (quick runs)")
@@ -123,11 +127,14 @@ def make_optimizer(args: argparse.Namespace, model: torch.nn.Module) -> torch.op
 
 
 def schedule(args: argparse.Namespace, opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up, then cosine decay to a tenth of the peak at ``--steps``."""
+    """Linear warm-up, then cosine decay to a tenth of the peak at ``--schedule-steps`` (default
+    ``--steps``), a tenth after that."""
+    horizon = args.schedule_steps or args.steps
+
     def factor(step: int) -> float:
         if step < args.warmup_steps:
             return (step + 1) / args.warmup_steps
-        done = min(1.0, (step - args.warmup_steps) / max(1, args.steps - args.warmup_steps))
+        done = min(1.0, (step - args.warmup_steps) / max(1, horizon - args.warmup_steps))
         return 0.1 + 0.45 * (1 + math.cos(math.pi * done))
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
@@ -186,8 +193,11 @@ def train(args: argparse.Namespace, log=print) -> dict:
     opt = make_optimizer(args, model)
     step_fn = opt.step if args.no_fuse else opt.fuse_step
     scheduler = schedule(args, opt)
-    algorithm = make_algorithm(args.algorithm, opt)
-    ddp = bagua.DistributedDataParallel(model, optimizers=[opt], algorithm=algorithm)
+    if args.algorithm == BASELINE:
+        algorithm, ddp = None, torch.nn.parallel.DistributedDataParallel(model)
+    else:
+        algorithm = make_algorithm(args.algorithm, opt)
+        ddp = bagua.DistributedDataParallel(model, optimizers=[opt], algorithm=algorithm)
     params = sum(p.numel() for p in model.parameters())
     log(f"stdlib LM: {len(train_set)} train / {len(val_set)} val documents, {params / 1e6:.2f}M parameters, "
         f"world {world}, algorithm {args.algorithm}, sampler {args.sampler}")  # fmt: skip
@@ -195,16 +205,19 @@ def train(args: argparse.Namespace, log=print) -> dict:
     curve = [(0, 0.0, 0, float("nan"), validation_loss(model, val_set, args.val_docs, rank, world))]
     log(f"step {0:5d}  val loss {curve[0][4]:.4f}  ppl {math.exp(curve[0][4]):.1f}")
     step, epoch, tokens, padded, start = 0, 0, 0, 0, time.perf_counter()
+    step_times: list[float] = []  # seconds of each step, data loading included
     eval_time = 0.0  # evaluations pause the clock: the curve is against training time
     bar = tqdm(total=args.steps, desc="train", disable=bool(rank) or args.no_progress, unit="step")
     while step < args.steps:
         epoch_setter.set_epoch(epoch)
+        step_start = time.perf_counter()
         for batch in loader:
             loss, n = token_loss(ddp, batch)
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=False)  # gradients stay views of the fused optimizer's flat buffer
             loss.backward()
             step_fn()
             scheduler.step()
+            step_times.append(time.perf_counter() - step_start)
             step, tokens, padded = step + 1, tokens + n, padded + batch["attention_mask"].numel() - n
             elapsed = time.perf_counter() - start - eval_time
             bar.update(1)
@@ -215,12 +228,13 @@ def train(args: argparse.Namespace, log=print) -> dict:
                 seen = torch.tensor([tokens, padded], dtype=torch.float64)
                 bagua.comm.allreduce(seen, op=bagua.comm.ReduceOp.SUM)
                 curve.append((step, elapsed, int(seen[0]), loss.item(), val))
+                sent = f"{ddp.bytes_sent_last_step / 1e6:.2f} MB/step" if algorithm else "n/a (torch DDP)"
                 log(f"step {step:5d}  train loss {loss.item():.4f}  val loss {val:.4f}  ppl {math.exp(val):.1f}  "
-                    f"{seen[0] / elapsed:.0f} tokens/s  padding {seen[1] / seen.sum():.1%}  "
-                    f"sent {ddp.bytes_sent_last_step / 1e6:.2f} MB/step")  # fmt: skip
+                    f"{seen[0] / elapsed:.0f} tokens/s  padding {seen[1] / seen.sum():.1%}  sent {sent}")  # fmt: skip
                 eval_time += time.perf_counter() - t0
             if step == args.steps:
                 break
+            step_start = time.perf_counter()
         epoch += 1
     bar.close()
     wall = time.perf_counter() - start - eval_time
@@ -232,9 +246,10 @@ def train(args: argparse.Namespace, log=print) -> dict:
             for p in model.parameters():
                 bagua.comm.allreduce(p, op=bagua.comm.ReduceOp.AVG)
     final = validation_loss(model, val_set, args.val_docs, rank, world)
-    ddp.close()
+    if algorithm is not None:
+        ddp.close()
     train_set.close()
-    return {"curve": curve, "final_val_loss": final, "wall_s": wall, "tokens": curve[-1][2],
+    return {"curve": curve, "final_val_loss": final, "wall_s": wall, "tokens": curve[-1][2], "step_times": step_times,
             "identical_after_training": identical, "parameters": params}
 
 
