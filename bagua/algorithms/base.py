@@ -75,6 +75,10 @@ class AlgorithmImpl:
     #: the algorithm works through the wrapped optimizers' ``step()``: wrapping without
     #: ``optimizers=[...]`` is then an error instead of silently training something else
     needs_optimizers: ClassVar[bool] = False
+    #: the layout of ``state_dict()``: raise it when the layout changes. A checkpoint records the
+    #: algorithm and this version; state of another algorithm or version is not handed to
+    #: ``load_state_dict`` (``bagua.parallel.algorithm_state`` says what carries over)
+    state_version: ClassVar[int] = 1
     #: ``ddp.join()`` can shadow this algorithm's communication for ranks out of data (true of
     #: algorithms whose whole step is the buckets' ops during backward)
     supports_join: ClassVar[bool] = False
@@ -260,6 +264,21 @@ class Algorithm:
 def registered_names() -> list[str]:
     """The names ``Algorithm.init`` accepts, sorted."""
     return sorted(Algorithm._registry)
+
+
+def algorithm_name(algorithm: Algorithm) -> str:
+    """The name a checkpoint records for ``algorithm``: its class's registered name
+    (``"bytegrad"``), or the qualified class name of a class that is not itself registered
+    (a user's subclass of a registered algorithm inherits the name, not the registration).
+
+    Example::
+
+        algorithm_name(Algorithm.init("bytegrad"))     # 'bytegrad'
+    """
+    cls = type(algorithm)
+    if cls.name and Algorithm._registry.get(cls.name) is cls:
+        return cls.name
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def resolve(algorithm: "Algorithm | str") -> Algorithm:

@@ -34,7 +34,7 @@ from ..algorithms.base import Algorithm, AlgorithmImpl, resolve
 from ..algorithms.tunable import Tunable
 from ..comm import Bucket
 from ..optim.fused import gradient_home
-from . import bucketing, comm_hook, join as _join, unused_parameters
+from . import algorithm_state, bucketing, comm_hook, join as _join, unused_parameters
 from .bucketing import gradient_into
 from .autotune import AutotuneConfig, AutotuneResult, Tuner, resolve_autotune
 from .state_sync import BufferBroadcast, broadcast_tensors, check_same_model, sync_optimizer_states
@@ -125,9 +125,7 @@ class DistributedDataParallel(torch.nn.Module):
 
         check_same_model(module, self.comm_group)
         if init_sync:
-            tensors = self._synced_parameters() + (self.synced_buffers() if options.init_sync_buffers else [])
-            broadcast_tensors(tensors, self.comm_group, self._src)
-            sync_optimizer_states(self.optimizers, self.comm_group, self._src)
+            self._sync_from_first_rank(buffers=options.init_sync_buffers)
 
         self.impl: AlgorithmImpl = self.algorithm.reify(self.comm_group)
         if self.impl.needs_optimizers and not self.optimizers:
@@ -432,6 +430,12 @@ class DistributedDataParallel(torch.nn.Module):
         training with an algorithm whose ranks do not wait for each other."""
         broadcast_tensors(self.synced_buffers(), self.comm_group, self._src)
 
+    def _sync_from_first_rank(self, buffers: bool = True) -> None:
+        """Every rank takes the first rank's parameters (and buffers) and optimizer state."""
+        tensors = self._synced_parameters() + (self.synced_buffers() if buffers else [])
+        broadcast_tensors(tensors, self.comm_group, self._src)
+        sync_optimizer_states(self.optimizers, self.comm_group, self._src)
+
     def _synced_parameters(self) -> list[torch.Tensor]:
         return [p for n, p in self.module.named_parameters() if n not in self.ignored]
 
@@ -510,36 +514,29 @@ class DistributedDataParallel(torch.nn.Module):
     def algorithm_state_dict(self) -> dict:
         """What a checkpoint needs beyond the module's and the optimizers' state dicts to resume
         this wrapper exactly: the step count (communication schedules, warm-ups), the
-        algorithm's own state, and the configuration autotuning chose, once it has.
+        algorithm's own state, which algorithm (and version of its state) wrote it, and the
+        configuration autotuning chose, once it has. See ``bagua.parallel.algorithm_state``.
 
         Example::
 
             torch.save({"model": ddp.state_dict(), "opt": opt.state_dict(),
                         "bagua": ddp.algorithm_state_dict()}, path)
         """
-        state = {"step": self.step, "algorithm": self.impl.state_dict()}
-        if self.autotune_result is not None:
-            state["autotune"] = dict(self.autotune_result.config)
-        return state
+        return algorithm_state.state_dict(self)
 
     def load_algorithm_state_dict(self, state: dict) -> None:
-        """Restore what ``algorithm_state_dict()`` returned (after loading the module's weights,
-        on every rank). A wrapper with autotuning on takes the configuration tuned before and
-        skips the search.
+        """Restore what ``algorithm_state_dict()`` returned (after loading the module's weights
+        and the optimizers' state, on every rank). A wrapper with autotuning on takes the
+        configuration tuned before and skips the search. State written by another algorithm
+        is defined too: the step count carries over, the rest is dropped with one warning, and
+        an algorithm that keeps replicas identical starts every rank from rank 0's weights
+        (see ``bagua.parallel.algorithm_state``).
 
         Example::
 
             ddp.load_algorithm_state_dict(torch.load(path)["bagua"])
         """
-        if not isinstance(state, dict) or not {"step", "algorithm"} <= set(state) <= {"step", "algorithm", "autotune"}:
-            raise ValueError(
-                f"expected what algorithm_state_dict() returns (keys 'step', 'algorithm' and maybe "
-                f"'autotune'), got {sorted(state) if isinstance(state, dict) else type(state).__name__}"
-            )
-        self.step = int(state["step"])
-        self.impl.load_state_dict(state["algorithm"])
-        if "autotune" in state and self._tuner is not None:
-            self._tuner.adopt(self, state["autotune"])
+        algorithm_state.load_state_dict(self, state)
 
     @property
     def bytes_sent_this_step(self) -> int:
