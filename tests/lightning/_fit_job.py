@@ -169,6 +169,30 @@ def resume(optimizer: str, outdir: str) -> dict:
     return {"straight": straight["weights"], "resumed": weights(model)}
 
 
+class StepsAtStart(pl.Callback):
+    """The wrapper's step count when each fit's first training batch begins."""
+
+    def __init__(self):
+        self.steps: list[int] = []
+
+    def on_train_start(self, trainer, pl_module):
+        self.steps.append(trainer.strategy.model.step)
+
+
+def switch_algorithm(outdir: str) -> dict:
+    """Fit one epoch under bytegrad, then resume the checkpoint under decentralized."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    ckpt_dir, seen = os.path.join(outdir, "switch_algorithm"), StepsAtStart()
+    fit(BaguaStrategy("bytegrad"), max_epochs=1, enable_checkpointing=True,
+        callbacks=[ModelCheckpoint(dirpath=ckpt_dir, save_last=True)])
+    torch.manual_seed(1)
+    model = Net()
+    trainer(BaguaStrategy("decentralized"), max_epochs=2, callbacks=[seen]).fit(
+        model, ckpt_path=os.path.join(ckpt_dir, "last.ckpt"))
+    return {"steps_at_start": seen.steps, "losses": model.train_losses, "weights": weights(model)}
+
+
 def accumulate(outdir: str) -> dict:
     runs = {}
     for label, batch, accumulate_batches in (("plain", 8, 1), ("accumulated", 8, 2), ("double_batch", 16, 1)):
@@ -245,6 +269,7 @@ SCENARIOS = {
     "by_name": by_name,
     "resume_sgd": lambda outdir: resume("sgd", outdir),
     "resume_qadam": lambda outdir: resume("qadam", outdir),
+    "switch_algorithm": switch_algorithm,
     "accumulate": accumulate,
     "manual": lambda outdir: fit(BaguaStrategy(), {"manual": True}),
     "bf16": lambda outdir: fit(BaguaStrategy("bytegrad"), precision="bf16-mixed"),

@@ -18,7 +18,7 @@ JOB = Path(__file__).with_name("_fit_job.py")
 ALGORITHMS = ["gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam"]
 SYNCHRONOUS = {"gradient_allreduce", "bytegrad", "qadam"}
 SCENARIOS = [f"algo_{name}" for name in ALGORITHMS] + [
-    "by_name", "resume_sgd", "resume_qadam", "accumulate", "manual", "bf16", "raises",
+    "by_name", "resume_sgd", "resume_qadam", "switch_algorithm", "accumulate", "manual", "bf16", "raises",
     "qadam_wrong_optimizer", "collectives", "autotune",
 ]
 
@@ -118,6 +118,12 @@ def test_autotune_through_the_strategy_changes_no_weight(results):
 def test_resume_from_checkpoint_equals_the_uninterrupted_fit(results, optimizer):
     for rank in results(f"resume_{optimizer}"):
         assert max_difference(rank["straight"], rank["resumed"]) <= 1e-5
+
+
+def test_resume_under_another_algorithm_carries_the_step_count(results):
+    for rank in results("switch_algorithm"):  # saved after one epoch (8 steps) under bytegrad
+        assert rank["steps_at_start"] == [8] and len(rank["losses"]) == 8
+        assert all(torch.isfinite(w.double()).all() for w in rank["weights"].values())
 
 
 def test_gradient_accumulation_communicates_once_per_optimizer_step(results):
