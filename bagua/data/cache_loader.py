@@ -1,7 +1,10 @@
 """CacheLoader: get-or-compute over a Store, with buffered writes that are never lost.
 
 Keys are namespaced by ``dataset_name`` (length-prefixed, so two names can never produce the
-same stored key), values are serialized with :mod:`bagua.data.serialization`. Computed values
+same stored key), values are serialized with :mod:`bagua.data.serialization` and stamped with the
+loader's ``fingerprint`` (8 bytes): a value stamped with another fingerprint (written by another
+dataset, transform or version under the same name) is a miss, recomputed and overwritten, so the
+store holds at most one value per key and never serves a stale one. Computed values
 wait in a buffer of ``writer_buffer_size`` entries and are written in one batch; the buffer is
 flushed when full, on ``flush()``/``close()``, at interpreter exit, and when a DataLoader
 worker (or any multiprocessing child) exits.
@@ -18,6 +21,8 @@ Example::
 from __future__ import annotations
 
 import atexit
+import functools
+import hashlib
 import logging
 import multiprocessing.util
 import operator
@@ -35,11 +40,20 @@ __all__ = ["CacheLoader"]
 logger = logging.getLogger(__name__)
 
 _CORRUPT = object()
+_STALE = object()  # a value stamped with another fingerprint
+_STAMP_BYTES = 8
 
 
-def _decode(data) -> Any:
+def _stamp(fingerprint: str) -> bytes:
+    return hashlib.blake2b(fingerprint.encode(), digest_size=_STAMP_BYTES).digest()
+
+
+def _decode(data, stamp: bytes) -> Any:
+    view = memoryview(data)
+    if view[:_STAMP_BYTES] != stamp:
+        return _STALE
     try:
-        return loads(data)
+        return loads(view[_STAMP_BYTES:])
     except CorruptValueError as e:
         return (_CORRUPT, str(e))
 
@@ -61,6 +75,8 @@ class CacheLoader:
         dataset_name: namespace of this loader's keys; loaders with different names never
             see each other's entries, loaders with the same name share them.
         writer_buffer_size: computed values written per batch (>= 1).
+        fingerprint: what computes the values (``CachedDataset`` sets it from the dataset, its
+            transforms and ``version``): values written under another fingerprint are misses.
         **store_kwargs: options of the store (``path``, ``capacity_bytes``, ``hosts``...).
 
     Attributes:
@@ -68,15 +84,19 @@ class CacheLoader:
     """
 
     def __init__(self, backend: Union[str, Store] = "lmdb", dataset_name: str = "",
-                 writer_buffer_size: int = 1, **store_kwargs: Any):
-        if not isinstance(dataset_name, str):
-            raise TypeError(f"dataset_name must be a str, got {type(dataset_name).__name__}")
+                 writer_buffer_size: int = 1, fingerprint: str = "", **store_kwargs: Any):
+        for what, value in (("dataset_name", dataset_name), ("fingerprint", fingerprint)):
+            if not isinstance(value, str):
+                raise TypeError(f"{what} must be a str, got {type(value).__name__}")
         if isinstance(writer_buffer_size, bool) or not isinstance(writer_buffer_size, int) or writer_buffer_size < 1:
             raise ValueError(f"writer_buffer_size must be an int >= 1, got {writer_buffer_size!r}")
         self.dataset_name = dataset_name
         self.writer_buffer_size = writer_buffer_size
         self.store: Store = create_store(backend, **store_kwargs)
         self._prefix = f"{len(dataset_name)}:{dataset_name}/"
+        self.fingerprint = fingerprint
+        self._stamp = _stamp(fingerprint)
+        self._decode = functools.partial(_decode, stamp=self._stamp)
         self._pending: dict[str, bytes] = {}
         self._pid = os.getpid()
         self._warn = _WarnOnce(logger)
@@ -128,8 +148,8 @@ class CacheLoader:
         data = self._pending.get(skey)
         if data is not None:
             return loads(data)
-        value = self.store.get_map(skey, _decode)
-        if value is not None:
+        value = self.store.get_map(skey, self._decode)
+        if value is not None and value is not _STALE:
             if type(value) is not tuple or len(value) != 2 or value[0] is not _CORRUPT:
                 return value
             self._corrupt(what, key, value[1])
@@ -158,9 +178,9 @@ class CacheLoader:
                 out[pos] = loads(data)
         miss_pos: list[int] = []
         if ask_pos:
-            found = self.store.mget_map([skeys[p] for p in ask_pos], _decode)
+            found = self.store.mget_map([skeys[p] for p in ask_pos], self._decode)
             for pos, value in zip(ask_pos, found):
-                if value is None:
+                if value is None or value is _STALE:
                     miss_pos.append(pos)
                 elif type(value) is tuple and len(value) == 2 and value[0] is _CORRUPT:
                     self._corrupt(what, keys[pos], value[1])
@@ -197,7 +217,21 @@ class CacheLoader:
         if self._pid != os.getpid() or not self._pending:
             return
         items, self._pending = self._pending, {}
-        self.store.mset(items)
+        stamp = self._stamp
+        self.store.mset({key: stamp + data for key, data in items.items()})
+
+    def count_cached(self, keys: Sequence[Hashable]) -> tuple[int, int]:
+        """Of ``keys``, how many the store holds under this loader's fingerprint and how many
+        under another (stale: recomputed when read), in one round trip.
+
+        Example::
+
+            current, stale = loader.count_cached(range(0, 1000, 100))
+        """
+        self._here()
+        stamps = self.store.mget_map([self.key(k) for k in keys], lambda data: bytes(data[:_STAMP_BYTES]))
+        current = sum(s == self._stamp for s in stamps)
+        return current, sum(s is not None for s in stamps) - current
 
     def num_keys(self) -> int:
         """Keys in the whole store (all datasets in it), after flushing this loader's buffer."""
@@ -212,7 +246,7 @@ class CacheLoader:
             self.store.close()
 
     def __repr__(self) -> str:
-        return f"CacheLoader(dataset_name={self.dataset_name!r}, store={self.store!r})"
+        return f"CacheLoader(dataset_name={self.dataset_name!r}, fingerprint={self.fingerprint!r}, store={self.store!r})"
 
 
 # -- flushing at exit ---------------------------------------------------------------------

@@ -1,5 +1,14 @@
 """CachedDataset: a map-style dataset whose samples are computed once and then read back.
 
+The cache outlives the run (an LMDB directory, a Redis server), and it knows what filled it:
+every value is stamped with the fingerprint of the dataset (class, source, length), its
+transforms (qualified name, source or repr) and the user's ``version`` (see
+:mod:`bagua.data.fingerprint`). Built again with the same code, the dataset reuses the cache, and
+rank 0 logs one line saying where and how to start fresh; with a changed transform (or
+``version``) the old values are never served: each is a miss, recomputed and overwritten in place
+when read (the store keeps one value per sample, not one per transform), and rank 0 logs one
+line saying so.
+
 Example::
 
     import bagua
@@ -10,15 +19,22 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import operator
+import os
 from typing import Any, Sequence, Union
 
 import torch.utils.data
 
+from ..comm import get_rank, is_initialized
 from .cache_loader import CacheLoader
+from .fingerprint import dataset_fingerprint
 from .stores import Store
 
 __all__ = ["CachedDataset"]
+
+logger = logging.getLogger(__name__)
+_PROBES = 16  # samples looked up at construction to tell a reused cache from a stale one
 
 
 class CachedDataset(torch.utils.data.Dataset):
@@ -32,20 +48,46 @@ class CachedDataset(torch.utils.data.Dataset):
     Args:
         dataset: the map-style dataset to cache.
         backend: "lmdb" (default, embedded), "redis", or a Store.
-        dataset_name: namespace in the store; give each dataset (and each transform of it)
-            its own name, as datasets with the same name share entries.
+        dataset_name: namespace in the store: datasets with different names never share
+            entries. One name serves one dataset at a time: a changed transform or ``version``
+            replaces the values as they are read.
         writer_buffer_size: computed samples written to the store per batch.
+        version: part of the fingerprint, for what it cannot see (data files that changed, a
+            global a transform reads): a new version starts afresh.
         **store_kwargs: options of the store (``path``, ``capacity_bytes``, ``hosts``...).
 
     Attributes:
         cache_loader: the :class:`CacheLoader` doing the work.
+        fingerprint: the :class:`~bagua.data.fingerprint.Fingerprint` its values are stamped with.
     """
 
     def __init__(self, dataset: Any, backend: Union[str, Store] = "lmdb", dataset_name: str = "",
-                 writer_buffer_size: int = 20, **store_kwargs: Any):
+                 writer_buffer_size: int = 20, version: str = "", **store_kwargs: Any):
         self.dataset = dataset
+        self.fingerprint = dataset_fingerprint(dataset, version)
         self.cache_loader = CacheLoader(backend=backend, dataset_name=dataset_name,
-                                        writer_buffer_size=writer_buffer_size, **store_kwargs)
+                                        writer_buffer_size=writer_buffer_size,
+                                        fingerprint=self.fingerprint.digest, **store_kwargs)
+        if (get_rank() if is_initialized() else int(os.environ.get("RANK", "0"))) == 0:
+            self._report_cache()
+
+    def _report_cache(self) -> None:
+        """One line on rank 0 when the store already holds samples of this name: reused, or stale."""
+        n = len(self.dataset)
+        if not n:
+            return
+        current, stale = self.cache_loader.count_cached(range(0, n, -(-n // _PROBES)))
+        loader, fp = self.cache_loader, self.fingerprint
+        if stale:
+            logger.warning(
+                "CachedDataset %r: %s holds samples made by another dataset, transform or version; "
+                "this one is %s (fingerprint %s): each stale sample is recomputed and overwritten when read",
+                loader.dataset_name, loader.store, fp.summary, fp.digest)
+        elif current:
+            logger.info(
+                "CachedDataset %r: reusing the cache in %s (%d entries in the store; fingerprint %s: %s); "
+                "to start fresh pass version='<new>' or clear it with ds.cache_loader.store.clear()",
+                loader.dataset_name, loader.store, loader.store.num_keys(), fp.digest, fp.summary)
 
     def __len__(self) -> int:
         return len(self.dataset)

@@ -185,7 +185,8 @@ def test_two_processes_write_the_same_cache_at_once(backend, tmp_path):
     name, kw = backend
     counts = run_ranks(_write_concurrently, 2, name, kw, str(tmp_path / "log"), init=False, timeout=120)
     assert counts[1] == 200 or counts[0] == 200
-    ds = CachedDataset(SampleDataset(200), backend=name, dataset_name="shared", **kw)
+    # the same dataset class (another class would be another fingerprint: its samples recomputed)
+    ds = CachedDataset(LoggingDataset(200, str(tmp_path / "reader.log")), backend=name, dataset_name="shared", **kw)
     assert ds.cache_loader.num_keys() == 200
     assert all(same(ds[i], make_sample(i)) for i in range(200)) and ds.dataset.computed == 0
     computed = len((tmp_path / "log").read_text().splitlines())
