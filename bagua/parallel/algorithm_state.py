@@ -81,8 +81,9 @@ def load_state_dict(ddp: "DistributedDataParallel", state: Any) -> None:
         dropped = sorted(state["algorithm"]) + (["autotune"] if "autotune" in state else [])
         logger.warning(
             "the checkpoint's algorithm state was written by %s; this wrapper runs %s (state version %d): "
-            "the step count (%d) carries over, the old algorithm's state %s is dropped and %s starts from "
-            "its own", written, mine["algorithm"], mine["state_version"], ddp.step, dropped or "(none)",
+            "the step count (%d) carries over, %s, and %s keeps its own state",
+            written, mine["algorithm"], mine["state_version"], ddp.step,
+            f"the rest is dropped ({', '.join(dropped)})" if dropped else "there is nothing else to carry",
             mine["algorithm"])
         ddp.impl.load_state_dict(ddp.impl.state_dict())  # its own state, through its load path
     if _replicas_may_differ(ddp, theirs):
