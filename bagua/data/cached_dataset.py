@@ -59,6 +59,12 @@ class CachedDataset(torch.utils.data.Dataset):
     Attributes:
         cache_loader: the :class:`CacheLoader` doing the work.
         fingerprint: the :class:`~bagua.data.fingerprint.Fingerprint` its values are stamped with.
+
+    Example::
+
+        ds = CachedDataset(ImageFolder(root, transform=augment), dataset_name="train",
+                           version="2024-06 images")   # the files changed: a new version
+        ds.fingerprint.summary   # "version='2024-06 images', torchvision...ImageFolder (1281167 samples), ..."
     """
 
     def __init__(self, dataset: Any, backend: Union[str, Store] = "lmdb", dataset_name: str = "",
