@@ -5,9 +5,10 @@ Seen: the user's ``version``; the dataset's class (module and qualified name, an
 ``inspect`` finds it) and length; each of its ``transform``, ``target_transform`` and
 ``transforms`` attributes: qualified name, source where available (the line of a lambda, the body
 of a function, the class of a transform object), a function's defaults and closure values, and an
-object's repr (its fields, when the repr is ``object``'s). Memory addresses (`` at 0x...``) are cut from every repr, and the digest is a
-SHA-256 of that text: it is the same in every process, rank and DataLoader worker, whatever the
-start method or ``PYTHONHASHSEED``.
+object's repr (its fields, when the repr is ``object``'s). Memory addresses (`` at 0x...``) are
+cut from every repr, a set's items sorted, and the digest is a SHA-256 of that text: it is the
+same in every process, rank and DataLoader worker, whatever the start method or
+``PYTHONHASHSEED``.
 
 Not seen: files the dataset reads, globals a transform reads, what a repr leaves out
 (torchvision's ``Lambda`` hides its function), and the order of sets nested in other values (it
@@ -31,7 +32,7 @@ from typing import Any, NamedTuple
 
 __all__ = ["Fingerprint", "dataset_fingerprint"]
 
-TRANSFORM_ATTRIBUTES = ("transform", "target_transform", "transforms")
+_TRANSFORM_ATTRIBUTES = ("transform", "target_transform", "transforms")
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 _DEPTH = 3  # closures and partials are followed this deep
 
@@ -57,7 +58,7 @@ def dataset_fingerprint(dataset: Any, version: str = "") -> Fingerprint:
     seen = [f"version={version!r}", _source_of(type(dataset)), f"len={length}"]
     summary = [f"version={version!r}"] if version else []
     summary.append(f"{_qualified_name(type(dataset))} ({length} samples)")
-    for attribute in TRANSFORM_ATTRIBUTES:
+    for attribute in _TRANSFORM_ATTRIBUTES:
         transform = getattr(dataset, attribute, None)
         if transform is not None:
             seen.append(f"{attribute}={_describe(transform, _DEPTH)}")
