@@ -51,14 +51,15 @@ def numbers_with(transform: str) -> Numbers:
                         "square": functools.partial(power, exponent=2), "cube": functools.partial(power, exponent=3)}[transform])
 
 
-class FingerprintInWorker(torch.utils.data.Dataset):
-    """Item i: the fingerprint of ``numbers_with(transform)`` computed in the process reading it."""
+class FingerprintsInWorker(torch.utils.data.Dataset):
+    """Each item: the fingerprints of ``numbers_with(t)`` for each of ``transforms``, computed in
+    the process reading it."""
 
-    def __init__(self, transform: str):
-        self.transform = transform
+    def __init__(self, transforms: list[str]):
+        self.transforms = transforms
 
     def __len__(self) -> int:
-        return 4
+        return 2
 
-    def __getitem__(self, i: int) -> str:
-        return dataset_fingerprint(numbers_with(self.transform), version="v1").digest
+    def __getitem__(self, i: int) -> list[str]:
+        return [dataset_fingerprint(numbers_with(t), version="v1").digest for t in self.transforms]
