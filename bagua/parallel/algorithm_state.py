@@ -50,7 +50,7 @@ _OPTIONAL = {"written_by", "autotune"}
 _WRITER_FIELDS = {"algorithm": str, "state_version": int, "replicas_identical": bool}
 
 
-def writer(ddp: "DistributedDataParallel") -> dict[str, Any]:
+def _writer(ddp: "DistributedDataParallel") -> dict[str, Any]:
     """What a checkpoint records about who wrote its algorithm state: the algorithm's name, the
     version of its state layout, and whether the ranks' replicas are identical now."""
     return {"algorithm": algorithm_name(ddp.algorithm), "state_version": ddp.impl.state_version,
@@ -60,7 +60,7 @@ def writer(ddp: "DistributedDataParallel") -> dict[str, Any]:
 def state_dict(ddp: "DistributedDataParallel") -> dict[str, Any]:
     """``ddp.algorithm_state_dict()``: the step count, the algorithm's own state, its writer,
     and the configuration autotuning chose, once it has."""
-    state = {"step": ddp.step, "algorithm": ddp.impl.state_dict(), "written_by": writer(ddp)}
+    state = {"step": ddp.step, "algorithm": ddp.impl.state_dict(), "written_by": _writer(ddp)}
     if ddp.autotune_result is not None:
         state["autotune"] = dict(ddp.autotune_result.config)
     return state
@@ -69,7 +69,7 @@ def state_dict(ddp: "DistributedDataParallel") -> dict[str, Any]:
 def load_state_dict(ddp: "DistributedDataParallel", state: Any) -> None:
     """``ddp.load_algorithm_state_dict(state)``, on every rank: see the module docstring."""
     theirs = _checked(state)
-    mine = writer(ddp)
+    mine = _writer(ddp)
     ddp.step = int(state["step"])
     if _restorable(ddp, state, theirs, mine):
         ddp.impl.load_state_dict(state["algorithm"])
