@@ -9,6 +9,7 @@ Example::
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import statistics
@@ -48,12 +49,8 @@ def tests(section: dict, out: Path, quick: bool, save: Callable[[], None]) -> No
     junit = out / "junit_gpu.xml"
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-p", "no:cacheprovider", "-o", "addopts=",
            "--continue-on-collection-errors", f"--junitxml={junit}", "-rs"]  # fmt: skip
-    try:
-        import pytest_timeout  # noqa: F401
-
+    if importlib.util.find_spec("pytest_timeout"):
         cmd.append("--timeout=150")
-    except ImportError:
-        pass
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:
         print(line, end="", flush=True)

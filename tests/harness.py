@@ -20,6 +20,7 @@ import os
 import pickle
 import queue
 import socket
+import subprocess
 import time
 import traceback
 from typing import Any, Callable, Optional
@@ -167,3 +168,23 @@ def run_ranks_expect_errors(
     if ok:
         raise RankFailure(f"ranks {ok} succeeded; expected every rank to raise")
     return {r: tb for r, (_, tb) in sorted(outcomes.items())}
+
+
+def run_command(cmd: list[str], timeout: float, cwd: Optional[str] = None) -> subprocess.CompletedProcess:
+    """Run a whole job (a launcher, an example) to its end: the test fails with the job's output
+    if it runs past ``timeout`` seconds (a hang) or exits non-zero; returns the finished process
+    (``stdout`` and ``stderr`` as text).
+
+    Example::
+
+        proc = run_command([sys.executable, "examples/train_lm.py", "--steps", "5"], timeout=120)
+    """
+    import pytest
+
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{' '.join(map(str, cmd))} did not finish in {timeout:.0f} s (a hang?)\n{e.stdout}\n{e.stderr}")
+    if proc.returncode != 0:
+        pytest.fail(f"{' '.join(map(str, cmd))} exited with {proc.returncode}:\n{(proc.stdout + proc.stderr)[-5000:]}")
+    return proc

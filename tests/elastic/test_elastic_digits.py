@@ -7,7 +7,6 @@ checkpoint), and each epoch, gathered from every rank and attempt, trains on eve
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 import torch
 
 from benchmarks.elastic import trained_samples
+from tests.harness import run_command
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "elastic_digits.py"
@@ -26,13 +26,8 @@ def _run(tmp: Path, *extra: str) -> tuple[Path, str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "--max-restarts", "2", str(EXAMPLE), "--epochs", str(EPOCHS), "--checkpoint-every", "10",
            "--checkpoint-dir", str(tmp / "ckpt"), "--sample-log", str(tmp / "samples"), *extra]
-    try:
-        run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"elastic_digits did not finish in 150 s (a hang?)\n{e.stdout}\n{e.stderr}")
-    output = run.stdout + run.stderr
-    assert run.returncode == 0, output[-4000:]
-    return tmp, output
+    run = run_command(cmd, timeout=150, cwd=ROOT)
+    return tmp, run.stdout + run.stderr
 
 
 def _final_weights(tmp: Path) -> dict:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tests.harness import run_command
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "train_digits.py"
@@ -24,12 +24,8 @@ def _run(*args: str, ranks: int) -> tuple[float, str]:
     else:
         cmd = [sys.executable, str(EXAMPLE)]
     cmd += ["--epochs", EPOCHS, *args]
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"{' '.join(cmd)} did not finish in {TIMEOUT_S} s (a hang?)\n{e.stdout}\n{e.stderr}")
+    proc = run_command(cmd, timeout=TIMEOUT_S, cwd=ROOT)
     output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"{' '.join(cmd)} exited with {proc.returncode}:\n{output}"
     found = FINAL.findall(proc.stdout)
     assert len(found) == 1, f"expected one 'final test accuracy' line (rank 0 only), got {found}:\n{output}"
     accuracy, world, algorithm = found[0]

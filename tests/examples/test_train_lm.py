@@ -10,8 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
+
+from tests.harness import run_command
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -64,12 +65,8 @@ def test_batches_pad_to_the_longest_and_mask_the_padding():
 
 def _run(cmd: list[str], tmp_path: Path) -> tuple[float, str]:
     cmd = cmd + TINY + ["--out-dir", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache")]
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"{' '.join(cmd)} did not finish in 240 s (a hang?)\n{e.stdout}\n{e.stderr}")
+    proc = run_command(cmd, timeout=240, cwd=ROOT)
     output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-5000:]
     found = FINAL.findall(proc.stdout)
     assert len(found) == 1, output[-5000:]
     return float(found[0]), output

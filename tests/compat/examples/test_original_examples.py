@@ -12,24 +12,19 @@ run under torchrun on CPU ranks and train.
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tests.harness import run_command
 
 ORIGINAL = Path(__file__).resolve().parent / "original"
 
 
 def _run(launcher: list[str], script: str, *args: str, ranks: int = 2) -> str:
     cmd = [sys.executable, "-m", *launcher, "--standalone", f"--nproc_per_node={ranks}", script, *args]
-    try:
-        run = subprocess.run(cmd, cwd=ORIGINAL, capture_output=True, text=True, timeout=180)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"{script} did not finish in 180 s (a hang?)\n{e.stdout}\n{e.stderr}")
-    output = run.stdout + run.stderr
-    assert run.returncode == 0, output[-5000:]
-    return output
+    run = run_command(cmd, timeout=180, cwd=ORIGINAL)
+    return run.stdout + run.stderr
 
 
 def _test_accuracy(output: str) -> float:
