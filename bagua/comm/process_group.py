@@ -136,6 +136,7 @@ class _State:
     check_collectives: bool
     streams: int
     min_chunk: int
+    timeout: datetime.timedelta  # every group made after init waits this long for its peers
 
 
 _state: Optional[_State] = None
@@ -206,7 +207,8 @@ def init_process_group(
         backend: a torch.distributed backend string; default NCCL for CUDA tensors when
             CUDA is usable (with Gloo beside it for CPU tensors), Gloo otherwise.
         timeout: how long a collective may wait for its peers before it fails with an
-            error naming the operation.
+            error naming the operation; it holds for every group bagua makes, then and later
+            (``new_group``, each wrapper's communicator, hierarchical groups, stripes).
         check_collectives: before each public collective, compare shapes, dtypes, ops and
             roots across ranks and raise a clear error on a mismatch (one small extra
             message per call). Default: the env ``BAGUA_CHECK_COLLECTIVES`` (``1``/``0``),
@@ -319,7 +321,8 @@ def init_process_group(
             g = job_group(ranks, dist.new_group(ranks, timeout=timeout))
             if l == local_rank:
                 inter = g
-    _state = _State(global_group, intra, inter, local_rank, local_size, bool(check_collectives), streams, min_chunk)
+    _state = _State(global_group, intra, inter, local_rank, local_size, bool(check_collectives), streams, min_chunk,
+                    timeout)
     global _exit_handler_registered
     if not _exit_handler_registered:
         atexit.register(_destroy_at_exit)
@@ -464,18 +467,26 @@ def get_inter_node_group() -> BaguaProcessGroup:
     return _require_state("bagua.comm.get_inter_node_group()").inter_node_group
 
 
-def new_group(ranks: list[int]) -> BaguaProcessGroup:
+def new_group(ranks: list[int], timeout: Optional[datetime.timedelta] = None) -> BaguaProcessGroup:
     """A new communicator over the given global ranks. Every rank in ``ranks`` must call it,
     with the same list, in the same order relative to its other ``new_group`` calls; other
     ranks need not call it. Group ranks follow the global ranks' order (as torch numbers
     them), whatever order ``ranks`` lists them in. With ``streams=K`` it comes with K-1
     stripes of its own when its ranks span several machines.
 
+    A collective on it (and on its stripes) that waits longer than ``timeout`` for a peer fails
+    with a ``CollectiveError``; default: the timeout given to ``init_process_group``.
+
     Example::
 
         evens = bagua.comm.new_group([0, 2])
+        quick = bagua.comm.new_group([0, 1], timeout=datetime.timedelta(seconds=30))
     """
     state = _require_state("bagua.comm.new_group()")
+    if timeout is None:
+        timeout = state.timeout
+    elif not isinstance(timeout, datetime.timedelta):
+        raise TypeError(f"bagua.comm.new_group: timeout must be a datetime.timedelta or None, got {timeout!r}")
     world = dist.get_world_size()
     listed = [int(r) for r in ranks]
     if not listed or len(set(listed)) != len(listed) or not all(0 <= r < world for r in listed):
@@ -487,9 +498,9 @@ def new_group(ranks: list[int]) -> BaguaProcessGroup:
         key = tuple(ranks)
         serial = _groups_made.get(key, 0)
         _groups_made[key] = serial + 1
-        group = _new_torch_group(ranks, _group_name(key, serial))
+        group = _new_torch_group(ranks, _group_name(key, serial), timeout)
         stripe_count = _stripes.stripe_count_for(ranks, state.local_size, state.streams)
-        extra = tuple(_new_torch_group(ranks, _group_name(key, serial, i)) for i in range(1, stripe_count))
+        extra = tuple(_new_torch_group(ranks, _group_name(key, serial, i), timeout) for i in range(1, stripe_count))
     return BaguaProcessGroup(tuple(ranks), group, state.global_group.backend, extra, state.min_chunk)
 
 
@@ -500,8 +511,11 @@ def _group_name(ranks: tuple[int, ...], serial: int, stripe: int = 0) -> str:
     return "bagua-" + hashlib.sha1(label.encode()).hexdigest()
 
 
-def _new_torch_group(ranks: list[int], name: str) -> dist.ProcessGroup:
-    """``dist.new_group(ranks, use_local_synchronization=True)`` named ``name``.
+def _new_torch_group(ranks: list[int], name: str, timeout: datetime.timedelta) -> dist.ProcessGroup:
+    """``dist.new_group(ranks, timeout=timeout, use_local_synchronization=True)`` named ``name``.
+
+    Without ``timeout=`` torch gives the group its backend's default (30 minutes for Gloo), not
+    the timeout the job's default group was made with.
 
     torch names such a group after its ranks and the number of groups the calling process
     already has; members that belong to different other groups (a torch subgroup of some
@@ -512,10 +526,10 @@ def _new_torch_group(ranks: list[int], name: str) -> dist.ProcessGroup:
     c10d = dist.distributed_c10d
     torch_naming = getattr(c10d, "_hash_ranks_to_str", None)
     if torch_naming is None:  # a torch without this hook names the group itself
-        return dist.new_group(ranks, use_local_synchronization=True)
+        return dist.new_group(ranks, timeout=timeout, use_local_synchronization=True)
     c10d._hash_ranks_to_str = lambda _ranks: name
     try:
-        return dist.new_group(ranks, use_local_synchronization=True)
+        return dist.new_group(ranks, timeout=timeout, use_local_synchronization=True)
     finally:
         c10d._hash_ranks_to_str = torch_naming
 
