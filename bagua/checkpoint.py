@@ -10,6 +10,12 @@ directory, fsync, rename): a crash leaves the previous checkpoint intact. ``load
 reads the files on every rank (a filesystem every rank sees): each rank takes its own replica
 when the world size is the one saved, rank 0's otherwise.
 
+Loading runs no code from the file: it unpickles with ``torch.load(weights_only=True)``, allowing
+tensors, containers, numbers and strings (torch's own list) plus the NumPy array of NumPy's RNG
+state, which is all a checkpoint of bagua's holds. Anything else (say, an object of your own
+class in ``extra``) is refused with an :class:`UntrustedCheckpointError` naming it, unless the
+caller passes ``trust_pickled=True``: full unpickling, for files whose writer you trust.
+
 Example::
 
     path = bagua.checkpoint.latest_checkpoint("ckpt")
@@ -26,6 +32,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import pickle
 import random
 import re
 import tempfile
@@ -39,7 +46,7 @@ from . import comm
 from .parallel import DistributedDataParallel
 from .parallel.wrapping import open_wrapper
 
-__all__ = ["CheckpointError", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
+__all__ = ["CheckpointError", "UntrustedCheckpointError", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +56,19 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 class CheckpointError(RuntimeError):
     """A checkpoint file that cannot be used: unreadable, truncated, or not what the call needs."""
+
+
+class UntrustedCheckpointError(CheckpointError):
+    """A checkpoint holding types that only full unpickling (``trust_pickled=True``) would rebuild."""
+
+
+# What a weights-only load needs beyond torch's defaults for bagua's own checkpoints: NumPy's
+# RNG state holds a uint32 ndarray, pickled through numpy's _reconstruct (spelled
+# numpy.core.multiarray in files written under NumPy 1.x, numpy._core.multiarray under 2.x)
+# with a dtype whose state is set on its class (numpy.dtypes.UInt32DType).
+_RECONSTRUCT = np.zeros(0).__reduce__()[0]
+_SAFE_GLOBALS = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), _RECONSTRUCT,
+                 (_RECONSTRUCT, "numpy.core.multiarray._reconstruct")]
 
 
 def save_checkpoint(
@@ -70,7 +90,9 @@ def save_checkpoint(
             with the module's own keys.
         optimizers, lr_schedulers: saved with their ``state_dict()`` (fused optimizers too).
         sampler: anything with ``state_dict()`` (bagua's samplers: the epoch's progress).
-        extra: anything ``torch.save`` can write, returned by ``load_checkpoint(..., extra=...)``.
+        extra: anything ``torch.save`` can write, returned by ``load_checkpoint(..., extra=...)``
+            (objects of other types than tensors, containers, numbers, strings and NumPy arrays
+            load only with ``trust_pickled=True``).
         keep_last: if given, the other checkpoints in the same directory are removed but the
             newest ``keep_last`` (by step, this one included), once this one is complete.
 
@@ -115,10 +137,15 @@ def load_checkpoint(
     sampler: Any = None,
     extra: Optional[dict] = None,
     strict: bool = True,
+    trust_pickled: bool = False,
 ) -> int:
     """Restore what ``save_checkpoint`` wrote into the given objects; return its step (every
     rank calls it). ``extra``, if a dict, receives the saved extra under ``"extra"``; ``strict``
     is ``module.load_state_dict``'s.
+
+    ``trust_pickled=True`` unpickles the files fully, which runs whatever code their writer put
+    in them: only for files you trust, holding types beyond tensors, containers, numbers,
+    strings and NumPy arrays (an :class:`UntrustedCheckpointError` names them otherwise).
 
     Loaded into a bare module before wrapping, the algorithm state is not restored (there is
     no wrapper yet): load after wrapping to resume a schedule or warm-up exactly. At another
@@ -127,15 +154,16 @@ def load_checkpoint(
     Example::
 
         step = load_checkpoint(latest_checkpoint("ckpt"), model=ddp, optimizers=[opt])
+        step = load_checkpoint(path, model=ddp, optimizers=[opt], trust_pickled=True)  # a file you trust
     """
     path = Path(path)
     wrapper, module = _unwrap(model)
     rank, world = _rank_and_world()
-    main = _read(path)
+    main = _read(path, trust_pickled=trust_pickled)
     same_world = main["world_size"] == world
     replica = main
     if main["replica_files"] and same_world and rank != 0:
-        replica = _read(_rank_path(path, rank))
+        replica = _read(_rank_path(path, rank), trust_pickled=trust_pickled)
     if len(replica["optimizers"]) != len(optimizers) or len(main["lr_schedulers"]) != len(lr_schedulers):
         raise CheckpointError(
             f"{path} holds {len(replica['optimizers'])} optimizer(s) and {len(main['lr_schedulers'])} LR "
@@ -164,20 +192,24 @@ def load_checkpoint(
     return int(main["step"])
 
 
-def latest_checkpoint(directory: PathLike) -> Optional[str]:
+def latest_checkpoint(directory: PathLike, *, trust_pickled: bool = False) -> Optional[str]:
     """The path of the newest complete checkpoint in ``directory`` (by saved step), or None.
-    Unreadable or incomplete files are skipped with a warning.
+    Unreadable or incomplete files are skipped with a warning; a file holding types that only
+    ``trust_pickled=True`` unpickles raises :class:`UntrustedCheckpointError` (skipping it would
+    resume an older one).
 
     Example::
 
         path = latest_checkpoint("ckpt")       # e.g. "ckpt/step-300.pt"
     """
-    found = _complete_checkpoints(Path(directory), warn=True)
+    found = _complete_checkpoints(Path(directory), warn=True, trust_pickled=trust_pickled)
     return str(found[-1][1]) if found else None
 
 
-def _complete_checkpoints(directory: Path, warn: bool) -> list[tuple[int, Path]]:
-    """The complete checkpoints in ``directory`` as (step, path), oldest first."""
+def _complete_checkpoints(directory: Path, warn: bool, trust_pickled: bool = False,
+                          skip_untrusted: bool = False) -> list[tuple[int, Path]]:
+    """The complete checkpoints in ``directory`` as (step, path), oldest first. A file refused for
+    its types raises, or with ``skip_untrusted`` is left out with a warning."""
     if not directory.is_dir():
         return []
     found = []
@@ -185,9 +217,14 @@ def _complete_checkpoints(directory: Path, warn: bool) -> list[tuple[int, Path]]
         if not candidate.is_file() or _RANK_FILE.search(candidate.name) or candidate.name.startswith("."):
             continue
         try:
-            main = _read(candidate, probe=True)
+            main = _read(candidate, probe=True, trust_pickled=trust_pickled)
             for r in range(1, main["replica_files"]):
-                _read(_rank_path(candidate, r), probe=True)
+                _read(_rank_path(candidate, r), probe=True, trust_pickled=trust_pickled)
+        except UntrustedCheckpointError as error:
+            if not skip_untrusted:
+                raise
+            logger.warning("left alone: %s", error)
+            continue
         except CheckpointError as error:
             if warn:
                 logger.warning("skipping %s", error)
@@ -198,8 +235,9 @@ def _complete_checkpoints(directory: Path, warn: bool) -> list[tuple[int, Path]]
 
 def _remove_all_but_newest(directory: Path, keep: int) -> None:
     """Remove the complete checkpoints of ``directory`` but the newest ``keep``: the main file
-    first (the set is then incomplete, never half-usable), then its replica files."""
-    found = _complete_checkpoints(directory, warn=False)
+    first (the set is then incomplete, never half-usable), then its replica files. Files it may
+    not unpickle (see ``load_checkpoint``'s ``trust_pickled``) are left, with a warning."""
+    found = _complete_checkpoints(directory, warn=False, skip_untrusted=True)
     for _, old in found[:max(0, len(found) - keep)]:
         old.unlink(missing_ok=True)
         for replica in directory.glob(f"{glob.escape(old.name)}.rank*"):
@@ -277,18 +315,54 @@ def _atomic_save(obj: dict, path: Path) -> None:
         os.close(directory)
 
 
-def _read(path: Path, probe: bool = False) -> dict:
+def _read(path: Path, probe: bool = False, trust_pickled: bool = False) -> dict:
     """The checkpoint at ``path``; ``probe``: mapped, not read (cheap, for checking many files:
     a truncated zip fails at once, its directory being at the end)."""
-    if not path.is_file():
-        raise CheckpointError(f"{path}: no such checkpoint file")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False, mmap=probe)
-    except Exception as error:
-        raise CheckpointError(
-            f"{path} is not a readable checkpoint ({type(error).__name__}: {error}); it may be truncated "
-            f"by a crash during an older, non-atomic write: delete it or load another"
-        ) from None
+    state = _load(path, probe, trust_pickled)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a bagua checkpoint (written by bagua.checkpoint.save_checkpoint)")
     return state
+
+
+def _load(path: Path, probe: bool = False, trust_pickled: bool = False) -> Any:
+    """``torch.load`` of ``path`` on the CPU: weights-only with bagua's few extra types, or full
+    unpickling when the caller trusts the file (``trust_pickled``)."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        if trust_pickled:
+            return torch.load(path, map_location="cpu", weights_only=False, mmap=probe)
+        with torch.serialization.safe_globals(_SAFE_GLOBALS):
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=probe)
+    except pickle.UnpicklingError as error:
+        refused = None if trust_pickled else _refused_types(path, error)
+        if refused is not None:
+            raise UntrustedCheckpointError(
+                f"{path} holds {refused}, which bagua does not unpickle unless asked to: unpickling "
+                f"can run any code the file's writer chose. If you trust whoever wrote it, pass "
+                f"trust_pickled=True (to load_checkpoint, and to latest_checkpoint)"
+            ) from None
+        raise _unreadable(path, error) from None
+    except Exception as error:
+        raise _unreadable(path, error) from None
+
+
+def _refused_types(path: Path, error: pickle.UnpicklingError) -> Optional[str]:
+    """What a weights-only load of ``path`` refused (the globals it names, or torch's reason),
+    or None when ``error`` is not such a refusal (a damaged file)."""
+    try:
+        with torch.serialization.safe_globals(_SAFE_GLOBALS):
+            names = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(str(path)))
+    except Exception:  # not a zip torch can list: let torch's message speak
+        names = []
+    if names:
+        return "the type(s) " + ", ".join(names)
+    reason = str(error).split("WeightsUnpickler error:", 1)
+    return f"what torch's weights-only loader refuses ({reason[1].strip()})" if len(reason) == 2 else None
+
+
+def _unreadable(path: Path, error: Exception) -> CheckpointError:
+    return CheckpointError(
+        f"{path} is not a readable checkpoint ({type(error).__name__}: {error}); it may be truncated "
+        f"by a crash during an older, non-atomic write: delete it or load another"
+    )

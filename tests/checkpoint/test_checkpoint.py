@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import bagua
-from bagua.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from bagua.checkpoint import CheckpointError, UntrustedCheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from tests.harness import run_ranks
+from tests.payloads import RunsCodeWhenUnpickled
 from tests.parallel.models import flat_params, make_model, rank_batches, train
 
 ALGORITHMS = ["gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam"]
@@ -135,6 +136,26 @@ def test_truncated_and_foreign_files_are_clear_errors_and_skipped(tmp_path, capl
         assert latest_checkpoint(tmp_path) == str(tmp_path / "step-1.pt")
     assert "step-2.pt" in caplog.text and "other.pt" in caplog.text
     assert latest_checkpoint(tmp_path / "missing") is None
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_unless_trusted(tmp_path, caplog):
+    model, opt = _simple()
+    marker = tmp_path / "marker"
+    save_checkpoint(tmp_path / "step-1.pt", step=1, model=model, optimizers=[opt], extra=RunsCodeWhenUnpickled(marker))
+    refused = r"step-1\.pt holds the type\(s\) tests\.payloads\.write_marker, .* pass trust_pickled=True"
+    with pytest.raises(UntrustedCheckpointError, match=refused):
+        load_checkpoint(tmp_path / "step-1.pt", model=model, optimizers=[opt])
+    with pytest.raises(UntrustedCheckpointError, match=refused):  # not skipped: that would resume an older one
+        latest_checkpoint(tmp_path)
+    with caplog.at_level("WARNING"):  # keep_last leaves what it may not read
+        save_checkpoint(tmp_path / "step-2.pt", step=2, model=model, optimizers=[opt], keep_last=1)
+    assert (tmp_path / "step-1.pt").is_file() and "left alone" in caplog.text
+    assert not marker.exists()
+
+    assert latest_checkpoint(tmp_path, trust_pickled=True) == str(tmp_path / "step-2.pt")
+    extra = {}
+    assert load_checkpoint(tmp_path / "step-1.pt", model=model, optimizers=[opt], extra=extra, trust_pickled=True) == 1
+    assert marker.exists() and extra["extra"] == str(marker)  # trusted: fully unpickled, the code ran
 
 
 def test_mismatched_optimizers_and_bad_step_are_clear_errors(tmp_path):

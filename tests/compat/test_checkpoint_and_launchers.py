@@ -65,6 +65,24 @@ def test_a_checkpoint_the_original_wrote_loads(tmp_path):
     assert fresh_opt.state_dict()["state"].keys() == opt.state_dict()["state"].keys()
 
 
+def test_an_original_layout_checkpoint_that_would_run_code_is_refused_unless_trusted(tmp_path):
+    from bagua.checkpoint import UntrustedCheckpointError
+    from bagua.torch_api.checkpoint import load_checkpoint
+    from tests.payloads import RunsCodeWhenUnpickled
+
+    model = make_model(seed=1)
+    marker = tmp_path / "marker"
+    (tmp_path / "iter_0000007").mkdir()
+    torch.save({"iteration": 7, "model": model.state_dict(), "args": RunsCodeWhenUnpickled(marker)},
+               tmp_path / "iter_0000007" / "mp_rank_00_model_states.pt")
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("7")
+    with pytest.raises(UntrustedCheckpointError, match=r"tests\.payloads\.write_marker.*trust_pickled=True"):
+        load_checkpoint(str(tmp_path), make_model(seed=2))
+    assert not marker.exists()
+    assert load_checkpoint(str(tmp_path), make_model(seed=2), trust_pickled=True) == 7
+    assert marker.exists()
+
+
 def test_a_tracker_file_without_an_iteration_is_a_clear_error(tmp_path):
     from bagua.checkpoint import CheckpointError
     from bagua.torch_api.checkpoint import load_checkpoint

@@ -6,7 +6,9 @@ and ``<path>/latest_checkpointed_iteration.txt`` naming the newest iteration.
 What is saved is the native checkpoint (atomic writes, the algorithm's state, every rank's RNG
 states, one replica per rank where the algorithm's replicas differ). Checkpoints written by the
 original Bagua (a ``torch.save`` of ``{"iteration", "model", "optimizer", "lr_scheduler"}``) load
-too. The MoE layer's expert files are not supported (the MoE layer is not).
+too. The MoE layer's expert files are not supported (the MoE layer is not). Both load without
+running code from the file (see ``bagua.checkpoint``); ``trust_pickled=True`` unpickles fully, for
+trusted files holding other types.
 
 Example::
 
@@ -59,13 +61,16 @@ def load_checkpoint(
     optimizer: Optional[torch.optim.Optimizer] = None,
     lr_scheduler: Any = None,
     strict: bool = True,
+    trust_pickled: bool = False,
 ) -> int:
     """Load the newest checkpoint under ``checkpoints_path``; its iteration (0, with a warning,
-    when there is none).
+    when there is none). ``trust_pickled`` is ``bagua.checkpoint.load_checkpoint``'s.
 
     Raises:
         bagua.checkpoint.CheckpointError: the tracker file names no iteration, or the file is
             corrupt or incomplete.
+        bagua.checkpoint.UntrustedCheckpointError: the file holds types that only
+            ``trust_pickled=True`` unpickles.
     """
     tracker = Path(checkpoints_path, TRACKER)
     if not tracker.is_file():
@@ -79,9 +84,9 @@ def load_checkpoint(
     path = _model_file(checkpoints_path, iteration, release)
     try:
         native.load_checkpoint(path, model=model, optimizers=_listed(optimizer),
-                               lr_schedulers=_listed(lr_scheduler), strict=strict)
+                               lr_schedulers=_listed(lr_scheduler), strict=strict, trust_pickled=trust_pickled)
     except native.CheckpointError:
-        saved = _original_format(path)
+        saved = _original_format(path, trust_pickled)
         if saved is None:
             raise
         model.load_state_dict(saved["model"], strict=strict)
@@ -103,11 +108,11 @@ def _listed(item: Any) -> list:
     return [] if item is None else [item]
 
 
-def _original_format(path: Path) -> Optional[dict]:
+def _original_format(path: Path, trust_pickled: bool) -> Optional[dict]:
     """The checkpoint at ``path`` if the original Bagua wrote it, else None."""
     try:
-        saved = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception:  # unreadable: the native error says why
+        saved = native._load(path, trust_pickled=trust_pickled)
+    except native.CheckpointError:  # unreadable or refused: the native error says why
         return None
     is_original = isinstance(saved, dict) and "format" not in saved and {"iteration", "model"} <= saved.keys()
     return saved if is_original else None
