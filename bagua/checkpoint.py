@@ -62,12 +62,13 @@ class UntrustedCheckpointError(CheckpointError):
     """A checkpoint holding types that only full unpickling (``trust_pickled=True``) would rebuild."""
 
 
-# What a weights-only load needs beyond torch's defaults for bagua's own checkpoints: NumPy's
-# RNG state holds a uint32 ndarray, pickled through numpy's _reconstruct (spelled
+# What a weights-only load needs beyond torch's defaults for bagua's own checkpoints: NumPy
+# arrays, of uint32 (NumPy's RNG state) and uint8 (a sampler's np.packbits mask of the samples
+# consumed before a world-size change), pickled through numpy's _reconstruct (spelled
 # numpy.core.multiarray in files written under NumPy 1.x, numpy._core.multiarray under 2.x)
-# with a dtype whose state is set on its class (numpy.dtypes.UInt32DType).
+# with a dtype whose state is set on its class (numpy.dtypes.UInt32DType, UInt8DType).
 _RECONSTRUCT = np.zeros(0).__reduce__()[0]
-_SAFE_GLOBALS = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), _RECONSTRUCT,
+_SAFE_GLOBALS = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), type(np.dtype(np.uint8)), _RECONSTRUCT,
                  (_RECONSTRUCT, "numpy.core.multiarray._reconstruct")]
 
 

@@ -138,6 +138,27 @@ def test_truncated_and_foreign_files_are_clear_errors_and_skipped(tmp_path, capl
     assert latest_checkpoint(tmp_path / "missing") is None
 
 
+def test_a_samplers_state_after_a_world_size_change_loads(tmp_path):
+    """Its mask of samples consumed before the change is a NumPy uint8 array (np.packbits)."""
+    import itertools
+
+    from tests.data.test_sampler_resume import _make
+
+    first = _make("budget", 3)
+    for s in first:
+        list(itertools.islice(iter(s), 2))
+    sampler = _make("budget", 2)[0]
+    sampler.load_state_dict(first[0].state_dict())
+    list(itertools.islice(iter(sampler), 1))
+    assert sampler.state_dict()["consumed_before"].dtype == np.uint8
+    model, opt = _simple()
+    save_checkpoint(tmp_path / "s.pt", step=1, model=model, optimizers=[opt], sampler=sampler)
+    resumed, expected = _make("budget", 2)[0], _make("budget", 2)[0]
+    load_checkpoint(tmp_path / "s.pt", model=model, optimizers=[opt], sampler=resumed)
+    expected.load_state_dict(sampler.state_dict())
+    assert list(resumed) == list(expected) and list(expected)
+
+
 def test_a_checkpoint_that_would_run_code_is_refused_unless_trusted(tmp_path, caplog):
     model, opt = _simple()
     marker = tmp_path / "marker"
