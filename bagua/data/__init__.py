@@ -25,7 +25,9 @@ Faults degrade instead of failing where the cache is only an accelerator: a full
 disk, a Redis server that dies, or a stored value that no longer decodes each log one warning,
 and the affected samples are computed (and, where possible, stored again). Errors the user must
 fix are raised with the thing that was wrong: an unserializable sample (index and type), an
-unusable cache path, an unreachable Redis server (host:port).
+unusable cache path, an unreachable Redis server (host:port), a stored value naming a type the
+cache does not unpickle unless ``trust_pickled_values=True`` (the type: decoding a value runs no
+code chosen by whoever can write to the store).
 """
 
 from . import stores

@@ -4,10 +4,11 @@ Keys are namespaced by ``dataset_name`` (length-prefixed, so two names can never
 same stored key), values are serialized with :mod:`bagua.data.serialization` and stamped with the
 loader's ``fingerprint`` (8 bytes): a value stamped with another fingerprint (written by another
 dataset, transform or version under the same name) is a miss, recomputed and overwritten, so the
-store holds at most one value per key and never serves a stale one. Computed values
-wait in a buffer of ``writer_buffer_size`` entries and are written in one batch; the buffer is
-flushed when full, on ``flush()``/``close()``, at interpreter exit, and when a DataLoader
-worker (or any multiprocessing child) exits.
+store holds at most one value per key and never serves a stale one. Values are unpickled only
+as arrays, tensors, numbers, strings and containers unless ``trust_pickled_values=True``.
+Computed values wait in a buffer of ``writer_buffer_size`` entries and are written in one batch;
+the buffer is flushed when full, on ``flush()``/``close()``, at interpreter exit, and when a
+DataLoader worker (or any multiprocessing child) exits.
 
 Example::
 
@@ -48,12 +49,12 @@ def _stamp(fingerprint: str) -> bytes:
     return hashlib.blake2b(fingerprint.encode(), digest_size=_STAMP_BYTES).digest()
 
 
-def _decode(data, stamp: bytes) -> Any:
+def _decode(data, stamp: bytes, trust_pickled: bool) -> Any:
     view = memoryview(data)
     if view[:_STAMP_BYTES] != stamp:
         return _STALE
     try:
-        return loads(view[_STAMP_BYTES:])
+        return loads(view[_STAMP_BYTES:], trust_pickled=trust_pickled)
     except CorruptValueError as e:
         return (_CORRUPT, str(e))
 
@@ -77,6 +78,10 @@ class CacheLoader:
         writer_buffer_size: computed values written per batch (>= 1).
         fingerprint: what computes the values (``CachedDataset`` sets it from the dataset, its
             transforms and ``version``): values written under another fingerprint are misses.
+        trust_pickled_values: unpickle any type a stored value names, which runs code chosen by
+            whoever wrote it; only when every writer of the store is trusted. Default: only
+            arrays, tensors, numbers, strings and containers of them; a value naming anything
+            else raises :class:`~bagua.data.serialization.UntrustedValueError`.
         **store_kwargs: options of the store (``path``, ``capacity_bytes``, ``hosts``...).
 
     Attributes:
@@ -84,7 +89,8 @@ class CacheLoader:
     """
 
     def __init__(self, backend: Union[str, Store] = "lmdb", dataset_name: str = "",
-                 writer_buffer_size: int = 1, fingerprint: str = "", **store_kwargs: Any):
+                 writer_buffer_size: int = 1, fingerprint: str = "", trust_pickled_values: bool = False,
+                 **store_kwargs: Any):
         for what, value in (("dataset_name", dataset_name), ("fingerprint", fingerprint)):
             if not isinstance(value, str):
                 raise TypeError(f"{what} must be a str, got {type(value).__name__}")
@@ -92,11 +98,12 @@ class CacheLoader:
             raise ValueError(f"writer_buffer_size must be an int >= 1, got {writer_buffer_size!r}")
         self.dataset_name = dataset_name
         self.writer_buffer_size = writer_buffer_size
+        self.trust_pickled_values = bool(trust_pickled_values)
         self.store: Store = create_store(backend, **store_kwargs)
         self._prefix = f"{len(dataset_name)}:{dataset_name}/"
         self.fingerprint = fingerprint
         self._stamp = _stamp(fingerprint)
-        self._decode = functools.partial(_decode, stamp=self._stamp)
+        self._decode = functools.partial(_decode, stamp=self._stamp, trust_pickled=self.trust_pickled_values)
         self._pending: dict[str, bytes] = {}
         self._pid = os.getpid()
         self._warn = _WarnOnce(logger)
@@ -147,7 +154,7 @@ class CacheLoader:
         skey = self._prefix + (str(key) if type(key) is int else _key_str(key))
         data = self._pending.get(skey)
         if data is not None:
-            return loads(data)
+            return loads(data, trust_pickled=self.trust_pickled_values)
         value = self.store.get_map(skey, self._decode)
         if value is not None and value is not _STALE:
             if type(value) is not tuple or len(value) != 2 or value[0] is not _CORRUPT:
@@ -175,7 +182,7 @@ class CacheLoader:
             if data is None:
                 ask_pos.append(pos)
             else:
-                out[pos] = loads(data)
+                out[pos] = loads(data, trust_pickled=self.trust_pickled_values)
         miss_pos: list[int] = []
         if ask_pos:
             found = self.store.mget_map([skeys[p] for p in ask_pos], self._decode)
@@ -202,7 +209,7 @@ class CacheLoader:
                 out[pos] = value
             for pos in miss_pos:
                 if out[pos] is None:  # a repeated index: its own copy, as a hit would be
-                    out[pos] = loads(computed[skeys[pos]])
+                    out[pos] = loads(computed[skeys[pos]], trust_pickled=self.trust_pickled_values)
         return out
 
     def _put(self, skey: str, value: Any, what: str, key: Hashable) -> bytes:

@@ -54,6 +54,11 @@ class CachedDataset(torch.utils.data.Dataset):
         writer_buffer_size: computed samples written to the store per batch.
         version: part of the fingerprint, for what it cannot see (data files that changed, a
             global a transform reads): a new version starts afresh.
+        trust_pickled_values: unpickle any type a cached sample names (say, PIL images or your
+            own classes), which runs code chosen by whoever wrote it into the store: only when
+            every writer of the cache is trusted. Default: samples made of arrays, tensors,
+            numbers, strings, bytes and lists/tuples/dicts of them; a value naming anything
+            else raises :class:`~bagua.data.serialization.UntrustedValueError` naming it.
         **store_kwargs: options of the store (``path``, ``capacity_bytes``, ``hosts``...).
 
     Attributes:
@@ -68,12 +73,14 @@ class CachedDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, dataset: Any, backend: Union[str, Store] = "lmdb", dataset_name: str = "",
-                 writer_buffer_size: int = 20, version: str = "", **store_kwargs: Any):
+                 writer_buffer_size: int = 20, version: str = "", trust_pickled_values: bool = False,
+                 **store_kwargs: Any):
         self.dataset = dataset
         self.fingerprint = dataset_fingerprint(dataset, version)
         self.cache_loader = CacheLoader(backend=backend, dataset_name=dataset_name,
                                         writer_buffer_size=writer_buffer_size,
-                                        fingerprint=self.fingerprint.digest, **store_kwargs)
+                                        fingerprint=self.fingerprint.digest,
+                                        trust_pickled_values=trust_pickled_values, **store_kwargs)
         if (get_rank() if is_initialized() else int(os.environ.get("RANK", "0"))) == 0:
             self._report_cache()
 

@@ -10,6 +10,14 @@ instead of decoding to garbage.
 Decoded arrays and tensors own their memory and are writable. Dtype, shape, values (bit for
 bit) and ``requires_grad`` are preserved; non-contiguous inputs come back contiguous.
 
+Decoding runs no code named by the bytes: whoever can write to a shared cache (a Redis server,
+an LMDB directory) must not be able to run code in the processes that read it. The unpickler
+rebuilds only containers (tuple, list, dict, set, frozenset, OrderedDict, defaultdict, Counter,
+deque), numbers (Python's and NumPy's scalars), strings, bytes, NumPy arrays and dtypes, and
+torch tensors (CPU tensors of any dtype, Parameters), dtypes, sizes and devices. Any other global
+raises :class:`UntrustedValueError` naming it, unless ``loads(..., trust_pickled=True)``
+(``CachedDataset(..., trust_pickled_values=True)``) asks for full unpickling.
+
 Example::
 
     >>> import numpy as np
@@ -22,6 +30,7 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import copyreg
 import io
 import pickle
@@ -33,7 +42,7 @@ import numpy as np
 import torch
 import xxhash
 
-__all__ = ["dumps", "loads", "SerializationError", "CorruptValueError"]
+__all__ = ["dumps", "loads", "SerializationError", "CorruptValueError", "UntrustedValueError"]
 
 _MAGIC = b"BGC2"
 # magic, kind, flags, number of out-of-band buffers, and the xxh3-64 of everything after this
@@ -60,6 +69,10 @@ class SerializationError(TypeError):
 
 class CorruptValueError(ValueError):
     """A stored value is truncated, corrupted or otherwise cannot be decoded."""
+
+
+class UntrustedValueError(ValueError):
+    """A stored value names a global that only full unpickling (``trust_pickled``) would load."""
 
 
 # ---- reducers: arrays and tensors as raw buffers ------------------------------------------
@@ -99,7 +112,10 @@ def _reduce_ndarray(a: np.ndarray):
 def _rebuild_tensor(buf: Buffer, dtype_name: str, shape: tuple, requires_grad: bool) -> torch.Tensor:
     dtype = _TORCH_DTYPES.get(dtype_name)
     if dtype is None:
-        dtype = _TORCH_DTYPES[dtype_name] = getattr(torch, dtype_name)
+        dtype = getattr(torch, dtype_name, None)
+        if not isinstance(dtype, torch.dtype):  # the name comes from the stored bytes
+            raise ValueError(f"{dtype_name!r} is not a torch dtype")
+        _TORCH_DTYPES[dtype_name] = dtype
     np_dtype = _NUMPY_OF_TORCH.get(dtype)
     if len(buf) == 0:
         out = torch.empty(shape, dtype=dtype)
@@ -313,15 +329,59 @@ class _ChecksumMismatch(Exception):
     pass
 
 
-def loads(data: Buffer) -> Any:
+# ---- restricted unpickling ------------------------------------------------------------------
+
+_safe: dict[tuple[str, str], Any] = {}
+
+
+def _safe_globals() -> dict[tuple[str, str], Any]:
+    """(module, name) -> object: every global a value may name without ``trust_pickled``."""
+    if _safe:
+        return _safe
+    allowed: list[Any] = [
+        _rebuild_ndarray, _rebuild_tensor,
+        complex, set, frozenset, slice, range, list, dict, tuple, int, float, bool, str,  # bytes: opcodes
+        collections.OrderedDict, collections.defaultdict, collections.Counter, collections.deque,
+        np.ndarray, np.memmap, np.dtype, torch.Size, torch.device, torch._utils._rebuild_parameter,
+    ]
+    table = {(obj.__module__, obj.__qualname__): obj for obj in allowed}
+    # NumPy's rebuild functions, also as spelled in values written under NumPy 1.x (numpy.core)
+    for fn in (np.zeros(0).__reduce__()[0], np.float32(0).__reduce__()[0]):  # _reconstruct, scalar
+        for module in (fn.__module__, fn.__module__.replace("numpy._core", "numpy.core")):
+            table[module, fn.__name__] = fn
+    for name, value in vars(torch).items():
+        if isinstance(value, torch.dtype):
+            table["torch", name] = value
+    _safe.update(table)
+    return _safe
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        obj = _safe_globals().get((module, name))
+        if obj is None:  # refused before anything is imported
+            raise UntrustedValueError(
+                f"a cached value names {module}.{name}, which the cache does not unpickle unless told to: "
+                f"unpickling can run code chosen by whoever wrote the value into the store. Return samples "
+                f"made of arrays, tensors, numbers, strings and lists/tuples/dicts of them, or, if you trust "
+                f"every writer of this cache, pass CachedDataset(..., trust_pickled_values=True) "
+                f"(CacheLoader(..., trust_pickled_values=True))"
+            )
+        return obj
+
+
+def loads(data: Buffer, *, trust_pickled: bool = False) -> Any:
     """Decode a value made by :func:`dumps`.
 
     ``data`` may be a memoryview into memory that is only valid during the call (an LMDB
-    read transaction): nothing decoded refers to it afterwards.
+    read transaction): nothing decoded refers to it afterwards. ``trust_pickled``: unpickle
+    whatever the value names (runs code chosen by its writer), not only the types listed in
+    this module's docstring.
 
     Raises:
         CorruptValueError: ``data`` is truncated, corrupted, not made by :func:`dumps`, or
             names a class that can no longer be imported.
+        UntrustedValueError: ``data`` names a global outside that list (without ``trust_pickled``).
     """
     mv = memoryview(data)
     if mv.ndim != 1 or mv.itemsize != 1:
@@ -358,6 +418,10 @@ def loads(data: Buffer) -> Any:
         bufs.append(bytearray(piece) if flags & _FLAG_FOREIGN_BUFFERS else piece)
         off += length
     try:
-        return pickle.loads(pickled, buffers=bufs)
+        if trust_pickled:
+            return pickle.loads(pickled, buffers=bufs)
+        return _RestrictedUnpickler(io.BytesIO(pickled), buffers=bufs).load()
+    except UntrustedValueError:
+        raise
     except Exception as e:
         raise CorruptValueError(f"cannot unpickle value: {type(e).__name__}: {e}") from e

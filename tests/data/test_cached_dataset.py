@@ -1,5 +1,6 @@
 import logging
 import os
+import pickle
 import subprocess
 import sys
 
@@ -7,9 +8,10 @@ import pytest
 import torch
 
 from bagua.data import CachedDataset, CacheLoader, stores
-from bagua.data.serialization import SerializationError
+from bagua.data.serialization import SerializationError, UntrustedValueError, dumps
 from tests.data.samples import BadSampleDataset, LoggingDataset, SampleDataset, make_sample, same
 from tests.harness import run_ranks
+from tests.payloads import RunsCodeWhenUnpickled
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -228,6 +230,25 @@ def test_corrupted_values_are_recomputed_overwritten_and_warned_once(backend_nam
     assert store.get(key(4)) == good  # overwritten with the recomputed value
     assert all(same(ds[i], make_sample(i)) for i in range(10)) and src.computed == 13
     ds.close()
+
+
+def test_a_cached_value_naming_other_code_is_refused_unless_trusted(backend, tmp_path):
+    name, kw = backend
+    marker = tmp_path / "marker"
+    ds = CachedDataset(SampleDataset(10), backend=name, dataset_name="h", **kw)
+    stamped = ds.cache_loader._stamp + dumps(RunsCodeWhenUnpickled(marker))  # stamped as this dataset's values are
+    ds.cache_loader.store.set(ds.cache_loader.key(3), stamped)  # by someone else
+    refused = r"names tests\.payloads\.write_marker, .*CachedDataset\(\.\.\., trust_pickled_values=True\)"
+    for read in (lambda: ds[3], lambda: ds.__getitems__([2, 3])):
+        with pytest.raises(UntrustedValueError, match=refused):
+            read()
+    assert not marker.exists() and ds.dataset.computed == 0  # a refused value is not a miss to recompute
+    ds.close()
+
+    trusting = CachedDataset(SampleDataset(10), backend=name, dataset_name="h", trust_pickled_values=True, **kw)
+    assert pickle.loads(pickle.dumps(trusting)).cache_loader.trust_pickled_values  # as DataLoader workers get it
+    assert trusting[3] == str(marker) and marker.exists()
+    trusting.close()
 
 
 _EXIT_CHILD = """

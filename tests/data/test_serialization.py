@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from bagua.data.serialization import CorruptValueError, SerializationError, dumps, loads
+from bagua.data.serialization import CorruptValueError, SerializationError, UntrustedValueError, dumps, loads
 from tests.data.samples import Unpicklable, make_sample, same
+from tests.payloads import RunsCodeWhenUnpickled
 
 Point = collections.namedtuple("Point", "x y")
 
@@ -34,7 +35,9 @@ VALUES = [
     make_sample(7),
     [1, 2.5, "three", b"four", None, (5,)],
     {"img": torch.ones(2, 2), "label": 3, "nested": {"arr": np.ones(3)}},
-    Point(np.ones(2), torch.zeros(1)),
+    collections.OrderedDict(a=np.ones(2), b=collections.deque([1 + 2j, {3, 4}, frozenset([5])])),
+    collections.defaultdict(list, {"x": [torch.tensor(1), np.int64(2), np.dtype("<f2"), torch.Size([2])]}),
+    (slice(1, 5, 2), range(3), torch.device("cpu"), torch.float16),
     bytearray(b"xyz"),
 ]
 
@@ -50,6 +53,31 @@ def test_roundtrip_keeps_types_and_bits(value):
         assert out.dtype == value.dtype and torch.equal(out.view(torch.uint8), value.view(torch.uint8))
     else:
         assert same(out, value), (value, out)
+
+
+def test_a_value_naming_other_code_is_refused_unless_trusted(tmp_path):
+    marker = tmp_path / "marker"
+    hostile = dumps(RunsCodeWhenUnpickled(marker))  # as anyone who can write to the store could
+    with pytest.raises(UntrustedValueError, match=r"names tests\.payloads\.write_marker, .*trust_pickled_values=True"):
+        loads(hostile)
+    assert not marker.exists()
+    assert loads(hostile, trust_pickled=True) == str(marker) and marker.exists()
+
+    point = Point(np.ones(2), torch.zeros(1))  # a class of the user's: trusted only when asked
+    with pytest.raises(UntrustedValueError, match=r"tests\.data\.test_serialization\.Point"):
+        loads(dumps(point))
+    assert same(tuple(loads(dumps(point), trust_pickled=True)), tuple(point))
+
+
+class _TensorOfNoDtype:
+    def __reduce__(self):  # bagua's own rebuild function, asked for torch.load as the "dtype"
+        from bagua.data.serialization import _rebuild_tensor
+        return _rebuild_tensor, (b"", "load", (0,), False)
+
+
+def test_a_rebuild_function_takes_only_what_it_rebuilds():
+    with pytest.raises(CorruptValueError, match="'load' is not a torch dtype"):
+        loads(dumps(_TensorOfNoDtype()))
 
 
 def test_decoded_arrays_and_tensors_are_writable_and_own_their_memory():
