@@ -213,7 +213,8 @@ class CacheLoader:
         return out
 
     def _put(self, skey: str, value: Any, what: str, key: Hashable) -> bytes:
-        data = dumps(value, describe=lambda: f"the sample at {what} {key!r} of dataset {self.dataset_name!r}")
+        data = dumps(value, describe=lambda: f"the sample at {what} {key!r} of dataset {self.dataset_name!r}",
+                     trust_pickled=self.trust_pickled_values)
         self._pending[skey] = data
         if len(self._pending) >= self.writer_buffer_size:
             self.flush()

@@ -36,6 +36,7 @@ import io
 import pickle
 import struct
 import threading
+import types
 from typing import Any, Callable, Optional, Union
 
 import numpy as np
@@ -166,8 +167,66 @@ _DISPATCH[np.ndarray] = _reduce_ndarray
 _DISPATCH[torch.Tensor] = _reduce_tensor
 
 
+# ---- what a value may name: decoding imports and calls nothing else ------------------------
+
+_safe: dict[tuple[str, str], Any] = {}
+
+
+def _safe_globals() -> dict[tuple[str, str], Any]:
+    """(module, name) -> object: every global a value may name without ``trust_pickled``."""
+    if _safe:
+        return _safe
+    allowed: list[Any] = [
+        _rebuild_ndarray, _rebuild_tensor,
+        complex, set, frozenset, slice, range, list, dict, tuple, int, float, bool, str,  # bytes: opcodes
+        collections.OrderedDict, collections.defaultdict, collections.Counter, collections.deque,
+        np.ndarray, np.memmap, np.dtype, torch.Size, torch.device, torch._utils._rebuild_parameter,
+    ]
+    table = {(obj.__module__, obj.__qualname__): obj for obj in allowed}
+    # NumPy's rebuild functions, also as spelled in values written under NumPy 1.x (numpy.core)
+    for fn in (np.zeros(0).__reduce__()[0], np.float32(0).__reduce__()[0]):  # _reconstruct, scalar
+        for module in (fn.__module__, fn.__module__.replace("numpy._core", "numpy.core")):
+            table[module, fn.__name__] = fn
+    for name, value in vars(torch).items():
+        if isinstance(value, torch.dtype):
+            table["torch", name] = value
+    _safe.update(table)
+    return _safe
+
+
+def _refusal(what: str, module: str, name: str) -> "UntrustedValueError":
+    return UntrustedValueError(
+        f"{what} names {module}.{name}, which the cache does not unpickle unless told to: unpickling "
+        f"can run code chosen by whoever wrote the value into the store. Return samples made of arrays, "
+        f"tensors, numbers, strings and lists/tuples/dicts of them, or, if you trust every writer of this "
+        f"cache, pass CachedDataset(..., trust_pickled_values=True) (CacheLoader(..., trust_pickled_values=True))"
+    )
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        obj = _safe_globals().get((module, name))
+        if obj is None:  # refused before anything is imported
+            raise _refusal("a cached value", module, name)
+        return obj
+
+
 class _Pickler(pickle.Pickler):
     dispatch_table = _DISPATCH
+
+
+class _CheckingPickler(_Pickler):
+    """Refuses, as it writes them, the classes and functions that ``loads`` would refuse, so a
+    sample of another type fails when first cached, not when first read back."""
+
+    describe: Optional[Callable[[], str]] = None
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
+            module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+            if (module, name) not in _safe_globals():
+                raise _refusal(self.describe() if self.describe is not None else "the sample", str(module), str(name))
+        return NotImplemented
 
 
 _LENGTHS: dict[int, struct.Struct] = {}
@@ -183,16 +242,19 @@ def _lengths_struct(nbuf: int) -> struct.Struct:
 # ---- public API ---------------------------------------------------------------------------
 
 
-def dumps(obj: Any, *, describe: Optional[Callable[[], str]] = None) -> bytes:
+def dumps(obj: Any, *, describe: Optional[Callable[[], str]] = None, trust_pickled: bool = False) -> bytes:
     """Serialize ``obj`` into one checked byte string.
 
     Args:
         obj: any picklable object; arrays and CPU tensors anywhere inside it are fast.
         describe: returns a description of ``obj`` (e.g. "index 5 of dataset 'train'") for
             the error message.
+        trust_pickled: allow classes and functions that only ``loads(..., trust_pickled=True)``
+            decodes (see the module's docstring).
 
     Raises:
         SerializationError: ``obj`` cannot be pickled; the message names its type.
+        UntrustedValueError: ``obj`` holds such a class or function (without ``trust_pickled``).
     """
     t = type(obj)
     if t is np.ndarray and not obj.dtype.hasobject:
@@ -206,7 +268,11 @@ def dumps(obj: Any, *, describe: Optional[Callable[[], str]] = None) -> bytes:
     own: set[int] = set()
     _own.ids = own
     try:
-        _Pickler(stream, protocol=5, buffer_callback=buffers.append).dump(obj)
+        pickler = (_Pickler if trust_pickled else _CheckingPickler)(stream, protocol=5, buffer_callback=buffers.append)
+        pickler.describe = describe
+        pickler.dump(obj)
+    except UntrustedValueError:
+        raise
     except Exception as e:  # pickle raises many types (PicklingError, TypeError, AttributeError...)
         what = describe() if describe is not None else "sample"
         raise SerializationError(
@@ -327,47 +393,6 @@ def _load_raw(kind: int, mv: memoryview, checksum: int) -> Any:
 
 class _ChecksumMismatch(Exception):
     pass
-
-
-# ---- restricted unpickling ------------------------------------------------------------------
-
-_safe: dict[tuple[str, str], Any] = {}
-
-
-def _safe_globals() -> dict[tuple[str, str], Any]:
-    """(module, name) -> object: every global a value may name without ``trust_pickled``."""
-    if _safe:
-        return _safe
-    allowed: list[Any] = [
-        _rebuild_ndarray, _rebuild_tensor,
-        complex, set, frozenset, slice, range, list, dict, tuple, int, float, bool, str,  # bytes: opcodes
-        collections.OrderedDict, collections.defaultdict, collections.Counter, collections.deque,
-        np.ndarray, np.memmap, np.dtype, torch.Size, torch.device, torch._utils._rebuild_parameter,
-    ]
-    table = {(obj.__module__, obj.__qualname__): obj for obj in allowed}
-    # NumPy's rebuild functions, also as spelled in values written under NumPy 1.x (numpy.core)
-    for fn in (np.zeros(0).__reduce__()[0], np.float32(0).__reduce__()[0]):  # _reconstruct, scalar
-        for module in (fn.__module__, fn.__module__.replace("numpy._core", "numpy.core")):
-            table[module, fn.__name__] = fn
-    for name, value in vars(torch).items():
-        if isinstance(value, torch.dtype):
-            table["torch", name] = value
-    _safe.update(table)
-    return _safe
-
-
-class _RestrictedUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        obj = _safe_globals().get((module, name))
-        if obj is None:  # refused before anything is imported
-            raise UntrustedValueError(
-                f"a cached value names {module}.{name}, which the cache does not unpickle unless told to: "
-                f"unpickling can run code chosen by whoever wrote the value into the store. Return samples "
-                f"made of arrays, tensors, numbers, strings and lists/tuples/dicts of them, or, if you trust "
-                f"every writer of this cache, pass CachedDataset(..., trust_pickled_values=True) "
-                f"(CacheLoader(..., trust_pickled_values=True))"
-            )
-        return obj
 
 
 def loads(data: Buffer, *, trust_pickled: bool = False) -> Any:

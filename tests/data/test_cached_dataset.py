@@ -236,8 +236,8 @@ def test_a_cached_value_naming_other_code_is_refused_unless_trusted(backend, tmp
     name, kw = backend
     marker = tmp_path / "marker"
     ds = CachedDataset(SampleDataset(10), backend=name, dataset_name="h", **kw)
-    stamped = ds.cache_loader._stamp + dumps(RunsCodeWhenUnpickled(marker))  # stamped as this dataset's values are
-    ds.cache_loader.store.set(ds.cache_loader.key(3), stamped)  # by someone else
+    hostile = ds.cache_loader._stamp + dumps(RunsCodeWhenUnpickled(marker), trust_pickled=True)  # stamped as ours
+    ds.cache_loader.store.set(ds.cache_loader.key(3), hostile)  # by someone else
     refused = r"names tests\.payloads\.write_marker, .*CachedDataset\(\.\.\., trust_pickled_values=True\)"
     for read in (lambda: ds[3], lambda: ds.__getitems__([2, 3])):
         with pytest.raises(UntrustedValueError, match=refused):
@@ -249,6 +249,13 @@ def test_a_cached_value_naming_other_code_is_refused_unless_trusted(backend, tmp
     assert pickle.loads(pickle.dumps(trusting)).cache_loader.trust_pickled_values  # as DataLoader workers get it
     assert trusting[3] == str(marker) and marker.exists()
     trusting.close()
+
+
+def test_a_sample_the_cache_would_refuse_to_read_fails_when_first_cached(tmp_path):
+    ds = CachedDataset([RunsCodeWhenUnpickled(tmp_path / "marker")] * 4, path=str(tmp_path / "c"), dataset_name="w")
+    with pytest.raises(UntrustedValueError, match=r"index 1 of dataset 'w' names tests\.payloads\.write_marker"):
+        ds[1]
+    ds.close()
 
 
 _EXIT_CHILD = """

@@ -57,7 +57,9 @@ def test_roundtrip_keeps_types_and_bits(value):
 
 def test_a_value_naming_other_code_is_refused_unless_trusted(tmp_path):
     marker = tmp_path / "marker"
-    hostile = dumps(RunsCodeWhenUnpickled(marker))  # as anyone who can write to the store could
+    with pytest.raises(UntrustedValueError, match=r"sample 7 names tests\.payloads\.write_marker, .*trust_pickled_values=True"):
+        dumps(RunsCodeWhenUnpickled(marker), describe=lambda: "sample 7")  # refused when first cached too
+    hostile = dumps(RunsCodeWhenUnpickled(marker), trust_pickled=True)  # as anyone who can write to the store could
     with pytest.raises(UntrustedValueError, match=r"names tests\.payloads\.write_marker, .*trust_pickled_values=True"):
         loads(hostile)
     assert not marker.exists()
@@ -65,8 +67,8 @@ def test_a_value_naming_other_code_is_refused_unless_trusted(tmp_path):
 
     point = Point(np.ones(2), torch.zeros(1))  # a class of the user's: trusted only when asked
     with pytest.raises(UntrustedValueError, match=r"tests\.data\.test_serialization\.Point"):
-        loads(dumps(point))
-    assert same(tuple(loads(dumps(point), trust_pickled=True)), tuple(point))
+        loads(dumps(point, trust_pickled=True))
+    assert same(tuple(loads(dumps(point, trust_pickled=True), trust_pickled=True)), tuple(point))
 
 
 class _TensorOfNoDtype:
@@ -108,7 +110,7 @@ def test_unpicklable_sample_names_its_type():
     with pytest.raises(SerializationError, match=r"index 9 of dataset 'x'.*tests\.data\.samples\.Unpicklable"):
         dumps(Unpicklable(), describe=lambda: "the sample at index 9 of dataset 'x'")
     with pytest.raises(SerializationError, match="tuple"):
-        dumps((1, lambda: 2))
+        dumps((1, lambda: 2), trust_pickled=True)
 
 
 @pytest.mark.parametrize("value", [np.arange(40.0), make_sample(3)], ids=["array", "tuple"])

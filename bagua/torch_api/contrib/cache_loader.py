@@ -35,6 +35,8 @@ class CacheLoader(data.CacheLoader):
         backend: "redis" (the original's only backend, and the default) or "lmdb".
         dataset_name: the namespace of this loader's keys; loaders with the same name share entries.
         writer_buffer_size: computed values written to the store per batch.
+        trust_pickled_values: unpickle any type a cached value names (the original did, always);
+            default: arrays, tensors, numbers, strings and containers only (see ``bagua.data``).
         **kwargs: options of the store: ``hosts``, ``cluster_mode``, ``capacity_per_node`` for Redis.
 
     Example::
@@ -44,6 +46,8 @@ class CacheLoader(data.CacheLoader):
         loader.num_keys()
     """
 
-    def __init__(self, backend: str = "redis", dataset_name: str = "", writer_buffer_size: int = 1, **kwargs: Any):
-        super().__init__(_create_store(backend, **kwargs), dataset_name, writer_buffer_size)
+    def __init__(self, backend: str = "redis", dataset_name: str = "", writer_buffer_size: int = 1,
+                 trust_pickled_values: bool = False, **kwargs: Any):
+        super().__init__(_create_store(backend, **kwargs), dataset_name, writer_buffer_size,
+                         trust_pickled_values=trust_pickled_values)
         self.backend = backend

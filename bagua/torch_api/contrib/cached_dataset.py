@@ -28,6 +28,8 @@ class CachedDataset(data.CachedDataset):
         backend: "redis" (the original's only backend, and the default) or "lmdb".
         dataset_name: the namespace of this dataset's keys.
         writer_buffer_size: computed samples written to the store per batch.
+        trust_pickled_values: unpickle any type a cached value names (the original did, always);
+            default: arrays, tensors, numbers, strings and containers only (see ``bagua.data``).
         **kwargs: options of the store: ``hosts``, ``cluster_mode``, ``capacity_per_node`` for Redis.
 
     Example::
@@ -37,5 +39,6 @@ class CachedDataset(data.CachedDataset):
     """
 
     def __init__(self, dataset: Any, backend: str = "redis", dataset_name: str = "", writer_buffer_size: int = 20,
-                 **kwargs: Any):
-        super().__init__(dataset, _create_store(backend, **kwargs), dataset_name, writer_buffer_size)
+                 trust_pickled_values: bool = False, **kwargs: Any):
+        super().__init__(dataset, _create_store(backend, **kwargs), dataset_name, writer_buffer_size,
+                         trust_pickled_values=trust_pickled_values)

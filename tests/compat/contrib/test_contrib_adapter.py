@@ -96,6 +96,30 @@ def test_cached_dataset_takes_the_native_lmdb_backend_too(tmp_path):
     cached.close()
 
 
+def test_the_opt_in_to_unpickle_any_value_reaches_the_cache(tmp_path):
+    from bagua.data.serialization import UntrustedValueError
+    from tests.payloads import RunsCodeWhenUnpickled
+
+    marker = tmp_path / "marker"
+    samples = [RunsCodeWhenUnpickled(marker)]
+    refusing = CachedDataset(samples, backend="lmdb", dataset_name="a", path=str(tmp_path / "lmdb"))
+    with pytest.raises(UntrustedValueError, match="trust_pickled_values=True"):
+        refusing[0]
+    refusing.close()
+    cached = CachedDataset(samples, backend="lmdb", dataset_name="b", path=str(tmp_path / "lmdb"),
+                           trust_pickled_values=True)
+    cached[0]
+    cached.flush()
+    assert cached[0] == str(marker) and marker.exists()  # read back from the store: fully unpickled
+    cached.close()
+    marker.unlink()
+    loader = CacheLoader(backend="lmdb", dataset_name="c", path=str(tmp_path / "lmdb"), trust_pickled_values=True)
+    loader.get(0, lambda k: samples[0])
+    loader.flush()
+    assert loader.get(0, lambda k: None) == str(marker) and marker.exists()
+    loader.close()
+
+
 def test_sync_batchnorm_is_the_native_one():
     assert SyncBatchNorm is bagua.parallel.SyncBatchNorm
     converted = SyncBatchNorm.convert_sync_batchnorm(torch.nn.Sequential(torch.nn.BatchNorm2d(4)))
