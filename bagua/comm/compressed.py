@@ -156,13 +156,14 @@ def compressed_allreduce(
     # the next one's are decoded, reduced and encoded, and the link never idles between phases.
     count = stripes.stripe_count(pg, tensor.nbytes, tensor.device.type)
     groups = stripes.stripe_groups(pg, count)
-    segments = [
-        _Segment(flat, layout.chunks(a, b, w), codec, pg, tag=2 * k, group=groups[k % count],
-                 where=stripes.stripe_label(k % count, count))
-        for k, (a, b) in enumerate(layout.segments(segment_elems))
-    ]
-    for seg in segments:
-        seg.send_chunks()
+    with _named_errors(what):  # posting fails at once when a peer is already gone
+        segments = [
+            _Segment(flat, layout.chunks(a, b, w), codec, pg, tag=2 * k, group=groups[k % count],
+                     where=stripes.stripe_label(k % count, count))
+            for k, (a, b) in enumerate(layout.segments(segment_elems))
+        ]
+        for seg in segments:
+            seg.send_chunks()
     traffic.record("compressed_allreduce", sum(seg.wire_bytes_sent() for seg in segments))
 
     def finish() -> None:

@@ -155,20 +155,24 @@ def test_gradients_after_zero_grad_set_to_none_land_in_the_buckets_and_skipped_o
         torch.testing.assert_close(accumulated, 2 * once)
 
 
-def _peer_dies(rank: int):
+def _peer_dies(rank: int, algorithm: str):
+    import time
+
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    ddp = bagua.DistributedDataParallel(model, [opt])
+    ddp = bagua.DistributedDataParallel(model, [opt], algorithm=algorithm)
     if rank == 1:
         raise RuntimeError("rank 1 stops here on purpose")
+    time.sleep(2.0)  # rank 1 has left: even posting the first message fails
     x, y = rank_batches(rank, 1)[0]
     torch.nn.functional.cross_entropy(ddp(x), y).backward()
 
 
-def test_a_dead_peer_ends_in_an_error_naming_the_operation():
-    errors = run_ranks_expect_errors(_peer_dies, 2, comm_timeout_s=5.0, timeout=60)
+@pytest.mark.parametrize("algorithm", ["gradient_allreduce", "bytegrad"])
+def test_a_dead_peer_ends_in_an_error_naming_the_operation(algorithm):
+    errors = run_ranks_expect_errors(_peer_dies, 2, algorithm, comm_timeout_s=5.0, timeout=60)
     assert "on purpose" in errors[1]
-    assert "allreduce" in errors[0] and "bucket" in errors[0], errors[0]
+    assert "CollectiveError: bagua.comm.allreduce" in errors[0] and "bucket" in errors[0], errors[0]
 
 
 def _for_launchers(rank: int, port: int):
