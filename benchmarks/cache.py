@@ -13,6 +13,11 @@
     Redis runs twice: RedisStore's local server (Unix socket) and a TCP redis-server on
     127.0.0.1, the raw client always on the same connection as the store.
     Targets: LMDB hits >= 80% of raw LMDB; Redis ``__getitems__`` >= 10x one GET per sample.
+(c) Pickled samples ((3 KB array, label) tuples, a dict of tensors): the restricted unpickler
+    (the default) against full unpickling (``trust_pickled_values=True``, what every value got
+    before issue 24), in many short interleaved rounds, the best of each: LMDB hits through
+    ``CachedDataset`` (``ds[i]`` and ``__getitems__``), and ``loads``/``dumps`` alone. Target:
+    hits >= 0.95 of full unpickling.
 
 Each figure is the best of ``--repeat`` runs (the machine may be shared). The last line printed
 holds the key ratios. Usage::
@@ -41,6 +46,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bagua.data import CachedDataset  # noqa: E402
+from bagua.data.serialization import dumps, loads  # noqa: E402
 from bagua.data.stores import stop_local_server  # noqa: E402
 from _jobs import free_port  # noqa: E402  (this script's folder is on sys.path)
 
@@ -72,6 +78,9 @@ class PayloadDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int):
         rng = np.random.default_rng(i)
+        if self.kind == "dict of tensors":
+            return {"img": torch.from_numpy(rng.standard_normal((3, 32, 32), dtype=np.float32)),
+                    "label": torch.tensor(i % 10), "name": f"s{i}"}
         if self.kind == "3KB ndarray":
             return rng.standard_normal(768, dtype=np.float32)
         if self.kind == "tuple (3KB, label)":
@@ -120,6 +129,25 @@ def raw_payload(value) -> bytes:
 def raw_decode(data: bytes, tensor: bool):
     out = pickle.loads(data)
     return torch.from_numpy(out) if tensor else out
+
+
+def restricted_vs_full(value, rounds: int, calls: int = 200) -> dict[str, tuple[float, float]]:
+    """{"loads"/"dumps": (s per call restricted, with trust_pickled=True)}: the fastest of
+    ``rounds`` interleaved rounds (the least disturbed by other jobs on a shared machine)."""
+    data = dumps(value)
+    fns = {"loads": lambda trust: loads(data, trust_pickled=trust),
+           "dumps": lambda trust: dumps(value, trust_pickled=trust)}
+    out = {}
+    for name, fn in fns.items():
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for _ in range(rounds):
+            for trust in (False, True):
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn(trust)
+                times[trust].append((time.perf_counter() - t0) / calls)
+        out[name] = (min(times[False]), min(times[True]))
+    return out
 
 
 def batches(n: int) -> list[list[int]]:
@@ -263,6 +291,41 @@ def main() -> None:
                 raw.flushdb() if transport == "tcp" else raw.delete(*keys)
                 raw.close()
                 ds.close()
+
+        # ---- (c) pickled samples: restricted vs full unpickling --------------------------------
+        n = 500 if args.quick else 2000  # short rounds, many of them
+        for kind in ("tuple (3KB, label)", "dict of tensors"):
+            src = PayloadDataset(n, kind)
+            path = os.path.join(tmp, f"trust-{kind[:3]}")
+            restricted = CachedDataset(src, path=path, dataset_name=kind)
+            restricted.__getitems__(list(range(n)))
+            restricted.flush()
+            trusting = CachedDataset(src, path=path, dataset_name=kind, trust_pickled_values=True)
+
+            def item_pass(ds) -> int:
+                for i in range(n):
+                    ds[i]
+                return n
+
+            def batch_pass(ds) -> int:
+                for b in batches(n):
+                    ds.__getitems__(b)
+                return n
+
+            rates = {}
+            for _ in range(20 * args.repeat):  # many short rounds, interleaved, best of each
+                for name, fn, ds in (("item", item_pass, restricted), ("item_t", item_pass, trusting),
+                                     ("batch", batch_pass, restricted), ("batch_t", batch_pass, trusting)):
+                    rates[name] = max(rates.get(name, 0.0), best_rate(lambda: fn(ds), 1))
+            for what, r, t in (("ds[i]", "item", "item_t"), (f"__getitems__({BATCH})", "batch", "batch_t")):
+                rows.append((f"(c) lmdb {what}, restricted / full unpickling", kind,
+                             f"{rates[r]:,.0f} / {rates[t]:,.0f}/s", f"{rates[r] / rates[t]:.3f}"))
+                key[f"hits_{r}_{kind[:3]}"] = rates[r] / rates[t]
+            for name, (r, t) in restricted_vs_full(src[0], 50 if args.quick else 150).items():
+                rows.append((f"(c) {name} alone, restricted / full", kind, f"{r * 1e6:.2f} / {t * 1e6:.2f} us",
+                             f"{r / t:.3f}"))
+            restricted.close()
+            trusting.close()
     finally:
         if tcp_proc is not None:
             tcp_proc.kill()
@@ -274,7 +337,7 @@ def main() -> None:
     for r in rows:
         print(f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:>{w[2]}}  {r[3]:>{w[3]}}")
     print("(a) ratio: epoch time without cache / with; (b) lmdb ratio: / raw LMDB per sample (and / raw LMDB "
-          f"batched, {BATCH} per transaction); redis ratio: / one GET per sample")
+          f"batched, {BATCH} per transaction); redis ratio: / one GET per sample; (c) ratio: restricted / full unpickling")
     print(
         f"key ratios: lmdb epoch-2 speedup {key['lmdb_epoch_speedup']:.1f}x (target >= 20x) | "
         f"lmdb hits / raw, ds[i]: 3KB {key['lmdb_item_3KB']:.2f}, 600KB {key['lmdb_item_600']:.2f}; "
@@ -283,7 +346,9 @@ def main() -> None:
         f"tuple {key['lmdb_batch_tup']:.2f} (target >= 0.80) | "
         f"redis __getitems__ / GET: unix 3KB {key['unix_batch_3KB']:.1f}x, 600KB {key['unix_batch_600']:.1f}x; "
         f"tcp 3KB {key['tcp_batch_3KB']:.1f}x, 600KB {key['tcp_batch_600']:.1f}x, tuple {key['tcp_batch_tup']:.1f}x "
-        f"(target >= 10x)"
+        f"(target >= 10x) | lmdb hits restricted / full unpickling, ds[i]: tuple {key['hits_item_tup']:.3f}, "
+        f"dict {key['hits_item_dic']:.3f}; __getitems__: tuple {key['hits_batch_tup']:.3f}, "
+        f"dict {key['hits_batch_dic']:.3f} (target >= 0.95)"
     )
 
 
