@@ -1,11 +1,12 @@
 """Fast, checked serialization of cached samples.
 
 ``dumps(obj) -> bytes`` and ``loads(data) -> obj``. A sample that is a lone NumPy array or
-CPU tensor is stored as a small header plus its raw bytes; any other picklable sample goes
-through pickle protocol 5, with every array and CPU tensor inside it as a raw out-of-band
-buffer. Either way there is no per-element work: one memory copy each way. Each value carries
-a 64-bit xxh3 checksum, so a truncated or corrupted value raises :class:`CorruptValueError`
-instead of decoding to garbage.
+dense tensor is stored as a small header plus its raw bytes; any other picklable sample goes
+through pickle protocol 5, with every array and dense tensor inside it as a raw out-of-band
+buffer. Either way there is no per-element work: one memory copy each way. A tensor is stored
+by value: one on a GPU comes back on the CPU, as DataLoader samples do (move it in the training
+loop). Each value carries a 64-bit xxh3 checksum, so a truncated or corrupted value raises
+:class:`CorruptValueError` instead of decoding to garbage.
 
 Decoded arrays and tensors own their memory and are writable. Dtype, shape, values (bit for
 bit) and ``requires_grad`` are preserved; non-contiguous inputs come back contiguous.
@@ -14,7 +15,7 @@ Decoding runs no code named by the bytes: whoever can write to a shared cache (a
 an LMDB directory) must not be able to run code in the processes that read it. The unpickler
 rebuilds only containers (tuple, list, dict, set, frozenset, OrderedDict, defaultdict, Counter,
 deque), numbers (Python's and NumPy's scalars), strings, bytes, NumPy arrays and dtypes, and
-torch tensors (CPU tensors of any dtype, Parameters), dtypes, sizes and devices. Any other global
+torch tensors (dense, of any dtype; Parameters), dtypes, sizes and devices. Any other global
 raises :class:`UntrustedValueError` naming it, unless ``loads(..., trust_pickled=True)``
 (``CachedDataset(..., trust_pickled_values=True)``) asks for full unpickling.
 
@@ -129,21 +130,28 @@ def _rebuild_tensor(buf: Buffer, dtype_name: str, shape: tuple, requires_grad: b
     return out
 
 
-def _plain_cpu_tensor(t: torch.Tensor) -> bool:
+def _plain_tensor(t: torch.Tensor) -> bool:
+    """A dense tensor that is only its values, on any device (stored by value, read back on the
+    CPU: the cache holds values, not devices)."""
     return (
-        t.device.type == "cpu"
-        and t.layout == torch.strided
+        t.layout == torch.strided
         and not t.is_quantized
         and not t.__dict__
         and not any(getattr(t, "names", None) or ())
     )
 
 
+def _on_cpu(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values, contiguous, in CPU memory."""
+    data = t.detach().resolve_conj().resolve_neg().contiguous()
+    return data if data.device.type == "cpu" else data.cpu()
+
+
 def _reduce_tensor(t: torch.Tensor):
-    if not _plain_cpu_tensor(t):
+    if not _plain_tensor(t):
         return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
     try:
-        data = t.detach().resolve_conj().resolve_neg().contiguous()
+        data = _on_cpu(t)
         raw = data.view(-1).view(torch.uint8).numpy() if data.numel() else np.empty(0, np.uint8)
     except (RuntimeError, TypeError):  # exotic dtypes without a byte view: torch's own pickling
         return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
@@ -246,7 +254,7 @@ def dumps(obj: Any, *, describe: Optional[Callable[[], str]] = None, trust_pickl
     """Serialize ``obj`` into one checked byte string.
 
     Args:
-        obj: any picklable object; arrays and CPU tensors anywhere inside it are fast.
+        obj: any picklable object; arrays and dense tensors anywhere inside it are fast.
         describe: returns a description of ``obj`` (e.g. "index 5 of dataset 'train'") for
             the error message.
         trust_pickled: allow classes and functions that only ``loads(..., trust_pickled=True)``
@@ -261,7 +269,7 @@ def dumps(obj: Any, *, describe: Optional[Callable[[], str]] = None, trust_pickl
         fast = _dump_ndarray(obj)
         if fast is not None:
             return fast
-    elif t is torch.Tensor and _plain_cpu_tensor(obj) and obj.dtype in _NUMPY_OF_TORCH:
+    elif t is torch.Tensor and _plain_tensor(obj) and obj.dtype in _NUMPY_OF_TORCH:
         return _dump_tensor(obj)
     buffers: list[pickle.PickleBuffer] = []
     stream = io.BytesIO()
@@ -329,7 +337,7 @@ def _dump_ndarray(a: np.ndarray) -> Optional[bytes]:
 
 
 def _dump_tensor(t: torch.Tensor) -> bytes:
-    data = t.detach().resolve_conj().resolve_neg().contiguous()
+    data = _on_cpu(t)
     flat = data.view(-1).view(torch.uint8).numpy() if data.numel() else np.empty(0, np.uint8)
     return _dump_raw(_KIND_TENSOR, int(t.requires_grad), tuple(t.shape), str(t.dtype)[6:].encode("ascii"), flat)
 
