@@ -337,7 +337,8 @@ def main() -> None:
     for r in rows:
         print(f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:>{w[2]}}  {r[3]:>{w[3]}}")
     print("(a) ratio: epoch time without cache / with; (b) lmdb ratio: / raw LMDB per sample (and / raw LMDB "
-          f"batched, {BATCH} per transaction); redis ratio: / one GET per sample; (c) ratio: restricted / full unpickling")
+          f"batched, {BATCH} per transaction); redis ratio: / one GET per sample; (c) ratio: restricted / full "
+          "unpickling")
     print(
         f"key ratios: lmdb epoch-2 speedup {key['lmdb_epoch_speedup']:.1f}x (target >= 20x) | "
         f"lmdb hits / raw, ds[i]: 3KB {key['lmdb_item_3KB']:.2f}, 600KB {key['lmdb_item_600']:.2f}; "

@@ -10,7 +10,13 @@ import pytest
 import torch
 
 import bagua
-from bagua.checkpoint import CheckpointError, UntrustedCheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from bagua.checkpoint import (
+    CheckpointError,
+    UntrustedCheckpointError,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from tests.harness import run_ranks
 from tests.payloads import RunsCodeWhenUnpickled
 from tests.parallel.models import flat_params, make_model, rank_batches, train
