@@ -5,8 +5,9 @@ cluster environment, wraps the LightningModule in ``bagua.DistributedDataParalle
 (with the optimizers ``configure_optimizers`` returned), and sends Lightning's own collectives
 (``self.log(..., sync_dist=True)``, barriers, broadcasts) through ``bagua.comm``.
 
-Import this module before naming the strategy: ``Trainer(strategy="bagua")`` is validated when
-the Trainer is built, and Lightning has no discovery hook for third-party strategies.
+``Trainer(strategy="bagua")`` works once ``bagua`` (or ``lightning_bagua``) and Lightning are both
+imported, in either order (see ``bagua._lightning_name``); ``lightning_bagua`` is Lightning's
+documented spelling of this module.
 
 Example::
 
@@ -16,7 +17,7 @@ Example::
     trainer = pl.Trainer(strategy=BaguaStrategy(algorithm="bytegrad"), accelerator="cpu", devices=2)
     trainer.fit(model, datamodule=dm)
 
-    trainer = pl.Trainer(strategy="bagua", devices=2)     # gradient_allreduce, after the import
+    trainer = pl.Trainer(strategy="bagua", devices=2)     # gradient_allreduce
 """
 
 from __future__ import annotations
@@ -36,8 +37,11 @@ try:
     from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
     from lightning.pytorch.trainer.states import TrainerFn
 except ImportError as error:  # pragma: no cover - exercised only without the extra
+    from ._install import install_hint
+
     raise ImportError(
-        "bagua.lightning needs Lightning 2.6 or newer: pip install bagua[lightning]"
+        f"Bagua's Lightning strategy (bagua.lightning, lightning_bagua) needs Lightning 2.6 or newer: "
+        f"{install_hint('lightning')}"
     ) from error
 
 import bagua

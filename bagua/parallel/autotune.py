@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 import torch
 
 from .. import comm
+from .._install import install_hint
 from ..algorithms.base import check_positive_int
 from ..algorithms.tunable import Tunable
 from . import bucketing
@@ -351,7 +352,7 @@ def _import_optuna():
         import optuna
     except ImportError:
         raise ImportError(
-            "autotune=True searches with optuna, which is not installed: pip install 'bagua[autotune]' "
+            f"autotune=True searches with optuna, which is not installed: {install_hint('autotune')} "
             "(or pass AutotuneConfig(initial=...) with a configuration found before)"
         ) from None
     return optuna

@@ -211,9 +211,28 @@ def test_the_import_registers_the_name_once():
     assert "ddp" in StrategyRegistry and StrategyRegistry.get("ddp").__class__.__name__ == "DDPStrategy"
 
 
-def test_bagua_does_not_import_lightning_and_says_how_to_install_it():
+@pytest.mark.parametrize("module", ["bagua.lightning", "lightning_bagua"])
+def test_bagua_does_not_import_lightning_and_says_how_to_install_it(module):
     check = "import sys, bagua; assert 'lightning' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", check], capture_output=True).returncode == 0
-    blocked = "import sys; sys.modules['lightning'] = None; import bagua.lightning"
+    blocked = f"import sys; sys.modules['lightning'] = None; import {module}"
     run = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True)
-    assert "ImportError: bagua.lightning needs Lightning 2.6 or newer: pip install bagua[lightning]" in run.stderr
+    assert ("ImportError: Bagua's Lightning strategy (bagua.lightning, lightning_bagua) needs Lightning 2.6 or newer: "
+            "pip install 'bagua-torch[lightning]' (in a clone: pip install -e '.[lightning]')") in run.stderr
+
+
+# --- the spellings of Lightning's documentation, each in its own import order, each a real fit ----------
+SPELLING_JOB = Path(__file__).with_name("_spelling_job.py")
+
+
+@pytest.mark.parametrize("spelling", ["lightning_bagua", "lightning_then_bagua", "bagua_then_lightning"])
+def test_each_documented_spelling_fits_on_two_ranks(tmp_path, spelling):
+    run = run_job([sys.executable, str(SPELLING_JOB), str(tmp_path), spelling], deadline_s=120)
+    assert run.returncode == 0, run.stdout[-4000:]
+    rank0, rank1 = Results(tmp_path, run)(spelling)
+    assert rank0["strategy"] == "bagua.lightning.BaguaStrategy"
+    if spelling != "lightning_bagua":  # the name worked through what `import bagua` did, not an import of the strategy
+        assert not rank0["strategy_module_before_trainer"]
+    assert len(rank0["losses"]) == 8 and all(torch.isfinite(torch.tensor(rank0["losses"])))
+    assert max_difference(rank0["weights"], rank1["weights"]) == 0.0
+

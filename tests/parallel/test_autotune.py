@@ -236,7 +236,7 @@ def _bad(rank: int, case: str):
 
 
 @pytest.mark.parametrize("case,message", [
-    ("no_optuna", "pip install 'bagua[autotune]'"),
+    ("no_optuna", "pip install 'bagua-torch[autotune]' (in a clone: pip install -e '.[autotune]')"),
     ("nothing_to_tune", "autotune: nothing to tune for LowPrecisionDecentralizedAlgorithm"),
     ("env", "environment variable BAGUA_AUTOTUNE must be 0 or 1, got 'yes'"),
     ("space", "AutotuneConfig.space: ['segment_elems'] not tunable here; tunable: ['bucket_size_bytes']"),
