@@ -66,9 +66,12 @@ class DistributedDataParallel(torch.nn.Module):
             the fastest: True, or a ``bagua.AutotuneConfig``; default ``BAGUA_AUTOTUNE`` (off).
             Results are unchanged; see ``bagua.parallel.autotune``.
 
-    torch DDP's other keyword arguments are accepted with torch's meaning (``device_ids``,
+    Other keyword arguments: torch DDP's, with torch's meaning (``device_ids``,
     ``output_device``, ``dim``, ``bucket_cap_mb``, ``gradient_as_bucket_view``,
-    ``static_graph``, ``forward_sync_buffers``, ...; see ``bagua.parallel.torch_options``).
+    ``static_graph``, ``forward_sync_buffers``, ...; see ``bagua.parallel.torch_options``), and
+    the options of an algorithm given by name (``algorithm="decentralized",
+    peer_selection_mode="shift_one"``); an algorithm built around its optimizer (``"qadam"``)
+    takes the one ``QAdamOptimizer`` of ``optimizers``.
 
     ``.module`` is the wrapped model; ``state_dict()`` has torch DDP's ``module.`` prefix.
     ``bytes_sent_last_step`` is what this rank sent in the last complete step;
@@ -86,11 +89,11 @@ class DistributedDataParallel(torch.nn.Module):
         broadcast_buffers: Optional[bool] = None,
         init_sync: bool = True,
         autotune: Union[None, bool, AutotuneConfig] = None,
-        **torch_ddp_kwargs: Any,
+        **kwargs: Any,
     ):
         super().__init__()
         check_module(module)
-        options = torch_options(module, bucket_size_bytes, broadcast_buffers, torch_ddp_kwargs)
+        options, algorithm_options = torch_options(module, bucket_size_bytes, broadcast_buffers, kwargs)
         tuning = resolve_autotune(autotune)
         if isinstance(optimizers, torch.optim.Optimizer):
             optimizers = [optimizers]
@@ -110,7 +113,7 @@ class DistributedDataParallel(torch.nn.Module):
             )
         self._params = dict(self.named_trainable_parameters)
         self.optimizers = checked_optimizers(optimizers, self._params.values())
-        self.algorithm = resolve(algorithm)
+        self.algorithm = resolve("bagua.DistributedDataParallel", algorithm, self.optimizers, algorithm_options)
         self.process_group = resolve_process_group(process_group)
         # A communicator of its own: the user's collectives (logging, Lightning's sync_dist) on the
         # default group never interleave with the wrapper's traffic, in flight or in background.

@@ -38,6 +38,52 @@ def test_bad_arguments_are_clear_errors(make, message):
         make()
 
 
+def _by_name_with_options(rank: int):
+    """Each case wraps, takes a step and closes; a mistake's message is returned instead."""
+    def attempt(make_optimizer, algorithm, **options):
+        model = make_model()
+        opt = make_optimizer(model)
+        try:
+            ddp = bagua.DistributedDataParallel(model, [opt], algorithm, **options)
+        except (TypeError, ValueError) as error:
+            return str(error)
+        x, y = rank_batches(rank, 1)[0]
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+        built = ddp.algorithm
+        ddp.close()
+        return built
+
+    sgd = lambda m: torch.optim.SGD(m.parameters(), lr=0.1)  # noqa: E731
+    qadam = lambda m: bagua.optim.QAdamOptimizer(m.parameters(), lr=1e-3, warmup_steps=2)  # noqa: E731
+    return {
+        "qadam": attempt(qadam, "qadam", hierarchical=True),
+        "qadam_without_its_optimizer": attempt(sgd, "qadam"),
+        "shift_one": attempt(sgd, "decentralized", peer_selection_mode="shift_one", communication_interval=2),
+        "typo": attempt(sgd, "decentralized", peer_selection_mod="shift_one"),
+        "instance_and_options": attempt(sgd, bagua.algorithms.ByteGradAlgorithm(), hierarchical=True),
+    }
+
+
+def test_algorithm_by_name_takes_its_options_and_qadam_its_optimizer():
+    """``algorithm=name`` with the algorithm's options next to it, as ``BaguaStrategy`` takes them;
+    qadam by name is built around the one QAdamOptimizer of ``optimizers``."""
+    for result in run_ranks(_by_name_with_options, 2):
+        assert isinstance(result["qadam"], bagua.algorithms.QAdamAlgorithm) and result["qadam"].hierarchical
+        assert result["qadam_without_its_optimizer"] == (
+            "bagua.DistributedDataParallel: algorithm 'qadam' by name is built around its optimizer and needs "
+            "exactly one bagua.optim.qadam.QAdamOptimizer (optimizers=[opt]), got [SGD]")
+        shift_one = result["shift_one"]
+        assert (shift_one.peer_selection_mode, shift_one.communication_interval) == ("shift_one", 2)
+        assert result["typo"] == (
+            "bagua.DistributedDataParallel got an unexpected keyword argument 'peer_selection_mod': it is no option "
+            "of algorithm 'decentralized' (bagua.algorithms.decentralized.DecentralizedAlgorithm accepts "
+            "hierarchical, peer_selection_mode, communication_interval)")
+        assert result["instance_and_options"] == (
+            "bagua.DistributedDataParallel got an unexpected keyword argument 'hierarchical': algorithm is already "
+            "an instance (ByteGradAlgorithm); an algorithm's options go to its constructor")
+
+
 def test_a_new_algorithm_registers_and_rejects_a_taken_name():
     @Algorithm.register("test_only_noop")
     class Noop(Algorithm):
