@@ -26,7 +26,7 @@ Between steps the wrapper may change system parameters (``ddp.configure``, the a
 anew), and ``on_rebucket(ddp, carry)`` moves per-bucket state when the buckets are rebuilt.
 
 ``ready_on_backward(ddp)`` tells the wrapper whether this step's buckets become ready through
-backward (gradient algorithms) or through the algorithm itself (``ddp.mark_all_ready()``).
+backward (gradient algorithms) or through the algorithm itself (``ddp.for_algorithms.mark_all_ready()``).
 
 A new algorithm is one file: subclass both and register the declarative class. See
 ``docs/writing_an_algorithm.md`` for a worked example.
@@ -91,10 +91,10 @@ class AlgorithmImpl:
         """The tensors to bucket, in the order backward is expected to produce them.
 
         Default: the gradients of the parameters that require one, last layer first
-        (``ddp.gradient_slot(name)``: the tensor that becomes the bucket view backward
+        (``ddp.for_algorithms.gradient_slot(name)``: the tensor that becomes the bucket view backward
         accumulates into, before any gradient exists).
         """
-        return [(name, ddp.gradient_slot(name)) for name, _ in reversed(ddp.named_trainable_parameters)]
+        return [(name, ddp.for_algorithms.gradient_slot(name)) for name, _ in reversed(ddp.named_trainable_parameters)]
 
     def bucket_tensors(self, named: list[NamedTensor], bucket_size_bytes: int) -> list[list[NamedTensor]]:
         """Split ``named`` into consecutive groups of one dtype and device, each about
@@ -130,7 +130,7 @@ class AlgorithmImpl:
         """Called when backward has accumulated ``param.grad``. Default: mark its bucket slot
         ready, so full buckets start communicating while backward goes on."""
         if self.ready_on_backward(ddp):
-            ddp.mark_ready(name)
+            ddp.for_algorithms.mark_ready(name)
 
     def on_backward_end(self, ddp: "DistributedDataParallel") -> None:
         """Called after backward, once every launched bucket's ops have finished."""

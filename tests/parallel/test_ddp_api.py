@@ -267,3 +267,21 @@ def test_launcher_facing_api_explicit_init_broadcast_module_prepare_for_backward
         assert torch.equal(ga, gb)
     assert not torch.equal(a[1][0], a[1][1])
     assert b[2] < 12.0 and not b[3]  # rank 1 closed alone, within the exit join's bound
+
+
+def test_help_shows_our_init_and_a_torch_ddp_like_surface():
+    """``help(bagua.DistributedDataParallel)``: the class's own section lists the user's API (torch
+    DDP's methods, checkpoints, autotuning, traffic counters) with our docstrings; the services
+    for algorithm writers live under ``ddp.for_algorithms`` (docs/writing_an_algorithm.md)."""
+    import pydoc
+    import re
+
+    own = pydoc.render_doc(bagua.DistributedDataParallel, renderer=pydoc.plaintext).split("Methods inherited from")[0]
+    listed = set(re.findall(r"^ \|  (\w+)(?:\(| =|$)", own, re.M))
+    assert {"__init__", "forward", "no_sync", "join", "register_comm_hook", "algorithm_state_dict", "close",
+            "bytes_sent_last_step", "bytes_sent_this_step", "autotune_result"} <= listed
+    moved = {"mark_ready", "mark_all_ready", "communicate_all", "names_in", "gradient_slot", "parameter"}
+    assert moved <= set(dir(bagua.parallel.for_algorithms.ForAlgorithms))
+    assert not (moved | {"named_parameter", "synced_buffers"}) & listed
+    assert "Initialize internal Module state" not in own and "Define the computation" not in own
+    assert "Wrap ``module`` for data-parallel training" in own
