@@ -238,3 +238,12 @@ def test_each_documented_spelling_fits_on_two_ranks(tmp_path, spelling):
     assert len(rank0["losses"]) == 8 and all(torch.isfinite(torch.tensor(rank0["losses"])))
     assert max_difference(rank0["weights"], rank1["weights"]) == 0.0
 
+
+
+def test_the_standalone_pytorch_lightning_trainer_is_told_which_trainer_to_import():
+    """pytorch_lightning's Trainer cannot take a lightning.pytorch strategy: the name says so."""
+    script = "import bagua, pytorch_lightning as pl; pl.Trainer(strategy='bagua', accelerator='cpu', devices=1)"
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert ("ImportError: Trainer(strategy='bagua') is a strategy of the lightning package's Trainer "
+            "(lightning.pytorch), not of the standalone pytorch_lightning package's: import the Trainer with "
+            "`import lightning.pytorch as pl` (or `from lightning import Trainer`)") in run.stderr
