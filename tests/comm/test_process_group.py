@@ -68,6 +68,7 @@ def _custom_group(rank: int) -> float:
     t = torch.full((3,), float(rank))
     if rank in group.ranks:
         bagua.comm.allreduce(t, group=group)
+    bagua.comm.barrier()  # rank 1 makes nothing: it must not leave while the others still connect
     return t[0].item()
 
 
