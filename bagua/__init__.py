@@ -9,6 +9,7 @@ Example::
 
 from . import algorithms, comm, data, optim, parallel
 from . import checkpoint
+from . import _lightning_name
 from .comm import (
     destroy_process_group,
     get_local_rank,
@@ -21,6 +22,8 @@ from .comm import (
 from .parallel import AutotuneConfig, AutotuneResult, DistributedDataParallel, with_bagua
 
 __version__ = "0.1.0"
+
+_lightning_name.register_with_lightning()  # Trainer(strategy="bagua"), whichever of bagua and Lightning comes first
 
 __all__ = [
     "AutotuneConfig", "AutotuneResult", "DistributedDataParallel", "algorithms", "checkpoint", "comm", "data", "optim", "parallel", "with_bagua", "destroy_process_group", "get_local_rank", "get_local_size", "get_rank",

@@ -90,7 +90,9 @@ def save_checkpoint(
             algorithm state are saved too either way), or a bare module; the weights are saved
             with the module's own keys.
         optimizers, lr_schedulers: saved with their ``state_dict()`` (fused optimizers too).
-        sampler: anything with ``state_dict()`` (bagua's samplers: the epoch's progress).
+        sampler: anything with ``state_dict()`` and ``load_state_dict()`` (bagua's samplers: the
+            epoch's progress; torch's ``DistributedSampler`` has none: use
+            ``bagua.data.ElasticDistributedSampler``).
         extra: anything ``torch.save`` can write, returned by ``load_checkpoint(..., extra=...)``
             (objects of other types than tensors, containers, numbers, strings and NumPy arrays
             load only with ``trust_pickled=True``).
@@ -105,6 +107,7 @@ def save_checkpoint(
         raise ValueError(f"save_checkpoint: step must be an int >= 0, got {step!r}")
     if keep_last is not None and (not isinstance(keep_last, int) or isinstance(keep_last, bool) or keep_last < 1):
         raise ValueError(f"save_checkpoint: keep_last must be an int >= 1 or None, got {keep_last!r}")
+    _check_resumable("save_checkpoint", sampler)
     path = Path(path)
     wrapper, module = _unwrap(model)
     rank, world = _rank_and_world()
@@ -127,6 +130,18 @@ def save_checkpoint(
             _remove_all_but_newest(path.parent, keep_last)
     if world > 1:
         comm.barrier()  # nobody goes on (or reads it) before the checkpoint exists
+
+
+def _check_resumable(what: str, sampler: Any) -> None:
+    """A TypeError unless ``sampler`` is None or can save and restore its progress."""
+    if sampler is None or all(callable(getattr(sampler, m, None)) for m in ("state_dict", "load_state_dict")):
+        return
+    name = f"{type(sampler).__module__}.{type(sampler).__qualname__}"
+    raise TypeError(
+        f"{what}: sampler={name} has no state_dict()/load_state_dict(), so it cannot resume mid-epoch (torch's "
+        f"DistributedSampler cannot); use bagua.data.ElasticDistributedSampler (DistributedSampler's arguments "
+        f"and order, resumable) or a bagua.data.LoadBalancingDistributedSampler"
+    )
 
 
 def load_checkpoint(
@@ -157,6 +172,7 @@ def load_checkpoint(
         step = load_checkpoint(latest_checkpoint("ckpt"), model=ddp, optimizers=[opt])
         step = load_checkpoint(path, model=ddp, optimizers=[opt], trust_pickled=True)  # a file you trust
     """
+    _check_resumable("load_checkpoint", sampler)
     path = Path(path)
     wrapper, module = _unwrap(model)
     rank, world = _rank_and_world()

@@ -5,8 +5,9 @@ cluster environment, wraps the LightningModule in ``bagua.DistributedDataParalle
 (with the optimizers ``configure_optimizers`` returned), and sends Lightning's own collectives
 (``self.log(..., sync_dist=True)``, barriers, broadcasts) through ``bagua.comm``.
 
-Import this module before naming the strategy: ``Trainer(strategy="bagua")`` is validated when
-the Trainer is built, and Lightning has no discovery hook for third-party strategies.
+``Trainer(strategy="bagua")`` works once ``bagua`` (or ``lightning_bagua``) and Lightning are both
+imported, in either order (see ``bagua._lightning_name``); ``lightning_bagua`` is Lightning's
+documented spelling of this module.
 
 Example::
 
@@ -16,13 +17,12 @@ Example::
     trainer = pl.Trainer(strategy=BaguaStrategy(algorithm="bytegrad"), accelerator="cpu", devices=2)
     trainer.fit(model, datamodule=dm)
 
-    trainer = pl.Trainer(strategy="bagua", devices=2)     # gradient_allreduce, after the import
+    trainer = pl.Trainer(strategy="bagua", devices=2)     # gradient_allreduce
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 from datetime import timedelta
 from typing import Any, Callable, Iterator, Optional, Union
 
@@ -36,14 +36,17 @@ try:
     from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
     from lightning.pytorch.trainer.states import TrainerFn
 except ImportError as error:  # pragma: no cover - exercised only without the extra
+    from ._install import install_hint
+
     raise ImportError(
-        "bagua.lightning needs Lightning 2.6 or newer: pip install bagua[lightning]"
+        f"Bagua's Lightning strategy (bagua.lightning, lightning_bagua) needs Lightning 2.6 or newer: "
+        f"{install_hint('lightning')}"
     ) from error
 
 import bagua
 from bagua import comm
 from bagua.algorithms import Algorithm, QAdamAlgorithm
-from bagua.optim import QAdamOptimizer
+from bagua.algorithms.base import check_options, resolve
 
 __all__ = ["BaguaStrategy"]
 
@@ -90,8 +93,8 @@ class BaguaStrategy(DDPStrategy):
         timeout: Optional[timedelta] = default_pg_timeout,
         **algorithm_kwargs: Any,
     ) -> None:
-        # Checked here, in the launching process, before any worker starts.
-        self._algorithm = _algorithm_from(algorithm, algorithm_kwargs)
+        check_options("BaguaStrategy", algorithm, algorithm_kwargs)  # in the launching process, before any worker starts
+        self._algorithm = algorithm
         self._algorithm_kwargs = algorithm_kwargs
         if bucket_size_bytes is not None and (
             not isinstance(bucket_size_bytes, int) or isinstance(bucket_size_bytes, bool) or bucket_size_bytes < 1
@@ -166,22 +169,15 @@ class BaguaStrategy(DDPStrategy):
             _optimizers_to_device(self.optimizers, self.root_device)
 
     def _algorithm_for(self, optimizers: list[torch.optim.Optimizer]) -> Algorithm:
-        if self._algorithm is None:  # "qadam" by name: bound to the optimizer configure_optimizers made
-            qadam = [opt for opt in optimizers if isinstance(opt, QAdamOptimizer)]
-            if len(optimizers) != 1 or len(qadam) != 1:
-                raise ValueError(
-                    "BaguaStrategy(algorithm='qadam') needs configure_optimizers to return exactly one "
-                    f"bagua.optim.QAdamOptimizer (LR schedulers allowed), got "
-                    f"[{', '.join(type(opt).__name__ for opt in optimizers)}]"
-                )
-            return QAdamAlgorithm(qadam[0], **self._algorithm_kwargs)
+        """A name is built now, with the optimizers ``configure_optimizers`` returned (qadam's)."""
         if isinstance(self._algorithm, QAdamAlgorithm) and not any(opt is self._algorithm.optimizer for opt in optimizers):
             raise ValueError(
                 "BaguaStrategy: the QAdamAlgorithm's optimizer is not one that configure_optimizers "
                 "returned; pass algorithm='qadam' and return a bagua.optim.QAdamOptimizer from "
                 "configure_optimizers"
             )
-        return self._algorithm
+        return resolve("BaguaStrategy", self._algorithm, optimizers, self._algorithm_kwargs,
+                       how_to_pass="returned by configure_optimizers; LR schedulers allowed")
 
     @property
     def _wrapper(self) -> Optional[bagua.DistributedDataParallel]:
@@ -281,30 +277,6 @@ class BaguaStrategy(DDPStrategy):
                 self.model = self.lightning_module
         self._failed = False
         super().teardown()
-
-
-def _algorithm_from(algorithm: Any, kwargs: dict) -> Optional[Algorithm]:
-    """The algorithm to wrap with, checked now; None for ``"qadam"`` (built at setup, bound to
-    the optimizer ``configure_optimizers`` returns)."""
-    if isinstance(algorithm, Algorithm):
-        if kwargs:
-            raise ValueError(
-                f"BaguaStrategy: algorithm is already an instance ({type(algorithm).__name__}); give its "
-                f"options to its constructor, not to BaguaStrategy (got {', '.join(sorted(kwargs))})"
-            )
-        return algorithm
-    if not isinstance(algorithm, str):
-        raise TypeError(
-            f"BaguaStrategy: algorithm must be a name ({', '.join(bagua.algorithms.registered_names())}) "
-            f"or a bagua.algorithms.Algorithm, got {type(algorithm).__name__}"
-        )
-    if algorithm == QAdamAlgorithm.name:
-        try:  # every option but the optimizer, which configure_optimizers makes later
-            inspect.signature(QAdamAlgorithm).bind(None, **kwargs)
-        except TypeError as error:
-            raise TypeError(f"BaguaStrategy(algorithm='qadam', ...): {error}; see help(bagua.algorithms.QAdamAlgorithm)") from None
-        return None
-    return Algorithm.init(algorithm, **kwargs)
 
 
 def _bagua_group(group: Any) -> comm.BaguaProcessGroup:

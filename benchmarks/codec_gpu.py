@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import triton
     except ImportError as err:
-        print(f"codec_gpu.py needs Triton ({err}); install the gpu extra: pip install 'bagua[gpu]'", file=sys.stderr)
+        print(f"codec_gpu.py needs Triton ({err}); install the gpu extra: pip install 'bagua-torch[gpu]' (in a clone: pip install -e '.[gpu]')", file=sys.stderr)
         return 2
     from bagua.kernels import minmax_uint8 as mm
 

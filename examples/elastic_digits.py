@@ -96,7 +96,7 @@ def main() -> None:
     path = bagua.checkpoint.latest_checkpoint(args.checkpoint_dir)
     if path is not None:
         step = bagua.checkpoint.load_checkpoint(path, **checkpoint)
-        first_epoch = sampler.epoch  # the epoch it was in, resumed where it stopped
+        first_epoch = sampler.epoch  # the rest of the epoch it stopped in, or the next one if that had ended
         log(f"resumed from {path}: step {step}, epoch {first_epoch}, world size {world}")
     else:
         log(f"starting: world size {world}, {args.global_batch // world} samples per rank and step")

@@ -11,6 +11,7 @@ from typing import Iterator
 
 import torch
 
+from .._install import install_hint
 from ._triton import HAS_TRITON, TRITON_IMPORT_ERROR, device_guard, tl, triton, triton_interpreting  # noqa: F401
 
 BLOCK_SIZE = 2048  # elements per program: 16 per thread at 4 warps, 128-bit vector accesses
@@ -47,7 +48,7 @@ def require_triton(t: torch.Tensor, fn: str) -> None:
     if triton is None:
         raise RuntimeError(
             f"{fn} needs Triton, which is not importable ({TRITON_IMPORT_ERROR}); install the gpu "
-            f"extra (pip install 'bagua[gpu]') or use the torch reference ({fn.replace('triton', 'reference')})"
+            f"extra ({install_hint('gpu')}) or use the torch reference ({fn.replace('triton', 'reference')})"
         )
     if not t.is_cuda and not triton_interpreting():
         raise ValueError(

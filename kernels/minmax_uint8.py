@@ -39,6 +39,7 @@ import logging
 
 import torch
 
+from .._install import install_hint
 from ._triton import HAS_TRITON, tl, triton
 from ._triton import TRITON_IMPORT_ERROR as _TRITON_IMPORT_ERROR
 from ._triton import device_guard as _device_guard
@@ -469,7 +470,7 @@ def _require_triton(t: torch.Tensor, block_size: int, fn: str) -> None:
     if triton is None:
         raise RuntimeError(
             f"{fn} needs Triton, which is not importable ({_TRITON_IMPORT_ERROR}); install the gpu "
-            f"extra (pip install 'bagua[gpu]') or use the torch reference ({fn.replace('triton', 'reference')})"
+            f"extra ({install_hint('gpu')}) or use the torch reference ({fn.replace('triton', 'reference')})"
         )
     if isinstance(t, torch.Tensor) and not t.is_cuda and not _triton_interpreting():
         raise ValueError(
@@ -587,8 +588,8 @@ def _use_triton(t: torch.Tensor, block_size: int) -> bool:
             _warned_no_triton = True
             logger.warning(
                 "Triton is not importable (%s): MinMaxUInt8 on CUDA tensors falls back to the slower "
-                "torch reference; install the gpu extra (pip install 'bagua[gpu]') for the kernels",
-                _TRITON_IMPORT_ERROR,
+                "torch reference; install the gpu extra (%s) for the kernels",
+                _TRITON_IMPORT_ERROR, install_hint("gpu"),
             )
         return False
     return block_size <= _MAX_TRITON_BLOCK

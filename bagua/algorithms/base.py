@@ -26,7 +26,7 @@ Between steps the wrapper may change system parameters (``ddp.configure``, the a
 anew), and ``on_rebucket(ddp, carry)`` moves per-bucket state when the buckets are rebuilt.
 
 ``ready_on_backward(ddp)`` tells the wrapper whether this step's buckets become ready through
-backward (gradient algorithms) or through the algorithm itself (``ddp.mark_all_ready()``).
+backward (gradient algorithms) or through the algorithm itself (``ddp.for_algorithms.mark_all_ready()``).
 
 A new algorithm is one file: subclass both and register the declarative class. See
 ``docs/writing_an_algorithm.md`` for a worked example.
@@ -41,7 +41,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, ClassVar
+import inspect
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional, Sequence
 
 import torch
 
@@ -90,10 +91,10 @@ class AlgorithmImpl:
         """The tensors to bucket, in the order backward is expected to produce them.
 
         Default: the gradients of the parameters that require one, last layer first
-        (``ddp.gradient_slot(name)``: the tensor that becomes the bucket view backward
+        (``ddp.for_algorithms.gradient_slot(name)``: the tensor that becomes the bucket view backward
         accumulates into, before any gradient exists).
         """
-        return [(name, ddp.gradient_slot(name)) for name, _ in reversed(ddp.named_trainable_parameters)]
+        return [(name, ddp.for_algorithms.gradient_slot(name)) for name, _ in reversed(ddp.named_trainable_parameters)]
 
     def bucket_tensors(self, named: list[NamedTensor], bucket_size_bytes: int) -> list[list[NamedTensor]]:
         """Split ``named`` into consecutive groups of one dtype and device, each about
@@ -129,7 +130,7 @@ class AlgorithmImpl:
         """Called when backward has accumulated ``param.grad``. Default: mark its bucket slot
         ready, so full buckets start communicating while backward goes on."""
         if self.ready_on_backward(ddp):
-            ddp.mark_ready(name)
+            ddp.for_algorithms.mark_ready(name)
 
     def on_backward_end(self, ddp: "DistributedDataParallel") -> None:
         """Called after backward, once every launched bucket's ops have finished."""
@@ -217,6 +218,9 @@ class Algorithm:
 
     _registry: ClassVar[dict[str, type["Algorithm"]]] = {}
     name: ClassVar[str] = ""
+    #: the optimizer class that the constructor takes first (qadam's ``QAdamOptimizer``), or None:
+    #: built by name, the algorithm gets the one such optimizer of the wrapper's ``optimizers``
+    optimizer_class: ClassVar[Optional[type]] = None
 
     def reify(self, process_group: BaguaProcessGroup) -> AlgorithmImpl:
         """Build the implementation that the wrapper drives, for ``process_group``."""
@@ -281,15 +285,72 @@ def algorithm_name(algorithm: Algorithm) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def resolve(algorithm: "Algorithm | str") -> Algorithm:
-    """An Algorithm instance from an instance or a registered name."""
+def check_options(what: str, algorithm: "Algorithm | str", options: dict[str, Any]) -> Optional[type[Algorithm]]:
+    """Check ``algorithm`` and the ``options`` given next to it (by ``what``: the wrapper, the
+    Lightning strategy) before anything is built; the registered class for a name, None for an
+    instance (which takes no options: they belong to its constructor).
+
+    Example::
+
+        check_options("BaguaStrategy", "decentralized", {"peer_selection_mode": "shift_one"})
+    """
     if isinstance(algorithm, Algorithm):
+        if options:
+            raise ValueError(
+                f"{what} got an unexpected keyword argument {sorted(options)[0]!r}: algorithm is already an "
+                f"instance ({type(algorithm).__name__}); an algorithm's options go to its constructor"
+            )
+        return None
+    if not isinstance(algorithm, str):
+        raise TypeError(
+            f"{what}: algorithm must be a name ({', '.join(registered_names())}) or a "
+            f"bagua.algorithms.Algorithm, got {type(algorithm).__name__}"
+        )
+    if algorithm not in Algorithm._registry:
+        raise ValueError(f"unknown algorithm {algorithm!r}; registered: {', '.join(registered_names())}")
+    algorithm_cls = Algorithm._registry[algorithm]
+    parameters = list(inspect.signature(algorithm_cls).parameters.values())[algorithm_cls.optimizer_class is not None:]
+    accepted = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise TypeError(
+            f"{what} got an unexpected keyword argument {unknown[0]!r}: it is no option of algorithm "
+            f"{algorithm!r} ({algorithm_cls.__module__}.{algorithm_cls.__qualname__} accepts "
+            f"{', '.join(accepted) or 'no option'})"
+        )
+    return algorithm_cls
+
+
+def resolve(
+    what: str,
+    algorithm: "Algorithm | str",
+    optimizers: Sequence[Any] = (),
+    options: Optional[dict[str, Any]] = None,
+    how_to_pass: str = "optimizers=[opt]",
+) -> Algorithm:
+    """The algorithm to wrap with: an instance as it is, or a registered name built with
+    ``options``; an algorithm built around its optimizer (``optimizer_class``, e.g. qadam) gets
+    the one optimizer of that class in ``optimizers`` (``how_to_pass`` says where it comes from,
+    in the error when there is not exactly one).
+
+    Example::
+
+        resolve("bagua.DistributedDataParallel", "qadam", [qadam_optimizer], {"hierarchical": True})
+    """
+    options = dict(options or {})
+    algorithm_cls = check_options(what, algorithm, options)
+    if algorithm_cls is None:
         return algorithm
-    if isinstance(algorithm, str):
-        return Algorithm.init(algorithm)
-    raise TypeError(
-        f"algorithm must be an Algorithm or one of {registered_names()}, got {type(algorithm).__name__}"
-    )
+    wanted = algorithm_cls.optimizer_class
+    if wanted is None:
+        return algorithm_cls(**options)
+    if len(optimizers) != 1 or not isinstance(optimizers[0], wanted):
+        raise ValueError(
+            f"{what}: algorithm {algorithm!r} by name is built around its optimizer and needs exactly one "
+            f"{wanted.__module__}.{wanted.__qualname__} ({how_to_pass}), got "
+            f"[{', '.join(type(opt).__name__ for opt in optimizers)}]"
+        )
+    return algorithm_cls(optimizers[0], **options)
 
 
 def check_choice(what: str, value: object, choices: tuple) -> None:

@@ -111,7 +111,7 @@ class DecentralizedImpl(WeightCommunicationImpl):
     def on_forward_pre(self, ddp) -> None:
         super().on_forward_pre(ddp)
         if self.communicating:
-            ddp.mark_all_ready()  # the ops copy the weights, then exchange while forward runs
+            ddp.for_algorithms.mark_all_ready()  # the ops copy the weights, then exchange while forward runs
 
     def state_dict(self) -> dict:
         return {"comm_steps": self.comm_steps}  # shift_one's peer schedule

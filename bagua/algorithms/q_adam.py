@@ -137,7 +137,10 @@ class QAdamAlgorithm(Algorithm):
 
         opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=100)
         model = bagua.DistributedDataParallel(model, [opt], QAdamAlgorithm(opt))
+        model = bagua.DistributedDataParallel(model, [opt], "qadam", hierarchical=True)   # the same, by name
     """
+
+    optimizer_class = QAdamOptimizer  # by name: the wrapper's one QAdamOptimizer
 
     def __init__(self, q_adam_optimizer: QAdamOptimizer, hierarchical: bool = False):
         if not isinstance(q_adam_optimizer, QAdamOptimizer):

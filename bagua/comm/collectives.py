@@ -117,7 +117,14 @@ class _named_errors:
 
 
 def _group(group: Optional[BaguaProcessGroup]) -> BaguaProcessGroup:
-    return get_default_group() if group is None else group
+    if group is None:
+        return get_default_group()
+    if not group.is_member:
+        raise ValueError(
+            f"rank {dist.get_rank()} is not a member of group {list(group.ranks)}: only its members run "
+            f"collectives on it (check group.is_member first)"
+        )
+    return group
 
 
 def _run(what: str, launch: Callable[[], Any], finish: Optional[Callable[[], Any]], async_op: bool) -> Any:

@@ -95,17 +95,27 @@ class BaguaProcessGroup:
 
     def rank_of(self, global_rank: int) -> int:
         """This group's rank of a global rank."""
+        if global_rank not in self.ranks:
+            raise ValueError(f"rank {global_rank} is not a member of this group (ranks {list(self.ranks)})")
         return self.ranks.index(global_rank)
 
     @property
     def rank(self) -> int:
-        """The calling process's rank within this group."""
+        """The calling process's rank within this group (a ValueError on a non-member)."""
         return self.rank_of(dist.get_rank())
 
     def backend_for(self, device_type: str) -> str | None:
         """The backend that moves this group's tensors of ``device_type`` ("gloo", "nccl", ...),
         or None if none does."""
         return _backends_by_device(self.backend).get(device_type)
+
+    @property
+    def is_member(self) -> bool:
+        """Whether the calling process is one of ``ranks``. ``new_group`` called by another rank
+        (or with no ranks) returns a group it is not a member of, as torch's ``new_group`` does:
+        its ``ranks`` and ``size`` are there, its ``rank`` and every collective on it are a
+        ValueError saying so."""
+        return dist.get_rank() in self.ranks
 
     def device_types(self) -> frozenset[str]:
         """Device types whose tensors this group's backend can move."""
@@ -477,10 +487,16 @@ def new_group(ranks: list[int], timeout: Optional[datetime.timedelta] = None) ->
     A collective on it (and on its stripes) that waits longer than ``timeout`` for a peer fails
     with a ``CollectiveError``; default: the timeout given to ``init_process_group``.
 
+    A rank that is not in ``ranks`` (``ranks`` may then be empty) gets a group it is not a member
+    of, as from torch's ``new_group``: nothing is made, ``is_member`` is False, and its ``rank``
+    and any collective on it raise a ValueError saying so.
+
     Example::
 
         evens = bagua.comm.new_group([0, 2])
         quick = bagua.comm.new_group([0, 1], timeout=datetime.timedelta(seconds=30))
+        if evens.is_member:
+            bagua.comm.allreduce(t, group=evens)
     """
     state = _require_state("bagua.comm.new_group()")
     if timeout is None:
@@ -489,9 +505,11 @@ def new_group(ranks: list[int], timeout: Optional[datetime.timedelta] = None) ->
         raise TypeError(f"bagua.comm.new_group: timeout must be a datetime.timedelta or None, got {timeout!r}")
     world = dist.get_world_size()
     listed = [int(r) for r in ranks]
-    if not listed or len(set(listed)) != len(listed) or not all(0 <= r < world for r in listed):
+    if len(set(listed)) != len(listed) or not all(0 <= r < world for r in listed):
         raise ValueError(f"ranks must be distinct global ranks in [0, {world}), got {listed}")
     ranks = sorted(listed)  # torch's group ranks are in this order
+    if dist.get_rank() not in ranks:
+        return BaguaProcessGroup(tuple(ranks), dist.GroupMember.NON_GROUP_MEMBER, state.global_group.backend)
     # Always a communicator of its own, even for all ranks: collectives on it never interleave
     # with those of other groups (a background thread may own it).
     with _naming:

@@ -225,8 +225,10 @@ class ResumableSampler(Sampler[T], ABC):
         """Resume from ``state``: sets the epoch, and the next ``__iter__`` yields what was not consumed.
 
         At the saved world size each rank continues its own order; at another one the samples no
-        rank consumed are planned anew for the current ranks. Raises ValueError for a state of
-        another sampler class, dataset length, seed or settings, or a corrupt one.
+        rank consumed are planned anew for the current ranks. A state saved when its epoch was
+        wholly consumed (a checkpoint at an epoch's end) resumes at the start of the next epoch.
+        Raises ValueError for a state of another sampler class, dataset length, seed or
+        settings, or a corrupt one.
 
         Example::
 
@@ -242,7 +244,11 @@ class ResumableSampler(Sampler[T], ABC):
         if position > length:
             raise ValueError(f"corrupt sampler state: position {position} is past the end of segment {index} "
                              f"({length} units per rank at num_replicas={replicas})")
-        if replicas != self.num_replicas and position < length:
+        if position == length:  # the epoch is done: the loop goes on with the next one, whole
+            self.set_epoch(epoch + 1)
+            self._resume = self._pass = None
+            return
+        if replicas != self.num_replicas:
             consumed = np.zeros(n, dtype=bool) if before is None else before.copy()
             consumed[self._consumed_in(segment, position)] = True
             segment, position = Segment(epoch, index + 1, self.num_replicas, consumed), 0

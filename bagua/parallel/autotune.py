@@ -16,9 +16,16 @@ keeps the best. In process, no service, no port:
 - a trial whose first timed step is ``cut_factor`` times slower than the best so far ends there;
   a configuration seen before is not measured again;
 - tuning ends after ``max_trials`` trials, after ``patience`` trials without a better one, or when
-  the space is exhausted: the best configuration stays for the rest of training, rank 0 logs one
-  line (``bagua.parallel.autotune``, level INFO) and ``ddp.autotune_result`` holds it.
-  ``BAGUA_AUTOTUNE_LOG=path`` writes every trial as CSV (rank 0).
+  the space is exhausted: the best configuration stays for the rest of training, rank 0 shows one
+  line and ``ddp.autotune_result`` holds it. ``BAGUA_AUTOTUNE_LOG=path`` writes every trial as
+  CSV (rank 0);
+- when the whole model fits in the smallest bucket size, every bucket size makes the same
+  buckets: the bucket size is not searched, and with nothing else to tune the search is skipped
+  with one line.
+
+Rank 0's line is visible by default, as Lightning's rank-zero messages are: the logger
+``bagua.parallel.autotune`` is at INFO, and its record goes to stderr when the program has not
+configured logging. ``AutotuneConfig(quiet=True)`` logs it at DEBUG instead.
 
 ``AutotuneConfig(initial=result.config)`` applies a configuration found before and skips the
 search; so does loading a checkpoint (``ddp.algorithm_state_dict()``, ``bagua.checkpoint``) that
@@ -45,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 import torch
 
 from .. import comm
+from .._install import install_hint
 from ..algorithms.base import check_positive_int
 from ..algorithms.tunable import Tunable
 from . import bucketing
@@ -53,6 +61,7 @@ if TYPE_CHECKING:
     from .ddp import DistributedDataParallel
 
 logger = logging.getLogger(__name__)
+logger.setLevel(logging.INFO)  # rank 0's one line shows by default (see the module docstring)
 
 AUTOTUNE_ENV = "BAGUA_AUTOTUNE"
 AUTOTUNE_LOG_ENV = "BAGUA_AUTOTUNE_LOG"
@@ -76,6 +85,7 @@ class AutotuneConfig:
             wrap time, no search, no optuna needed.
         sampler: optuna's ``"tpe"`` (default), ``"gp"`` (needs scipy) or ``"random"``.
         seed: the sampler's seed.
+        quiet: rank 0's line about the result (or a skipped search) at DEBUG, not INFO.
 
     Example::
 
@@ -91,6 +101,7 @@ class AutotuneConfig:
     initial: Optional[dict[str, Any]] = None
     sampler: str = "tpe"
     seed: int = 0
+    quiet: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_trials", "steps_per_trial", "patience"):
@@ -125,8 +136,7 @@ class AutotuneResult:
 
     def describe(self) -> str:
         """One readable line."""
-        settings = ", ".join(f"{k}={_readable(k, v)}" for k, v in self.config.items())
-        return (f"bagua autotune: {settings}: {self.step_time_s * 1e3:.1f} ms/step vs {self.default_step_time_s * 1e3:.1f} "
+        return (f"bagua autotune: {_describe(self.config)}: {self.step_time_s * 1e3:.1f} ms/step vs {self.default_step_time_s * 1e3:.1f} "
                 f"ms with the default ({self.speedup:.2f}x), {self.trials} trials, in use from step {self.applied_at_step}")
 
 
@@ -169,6 +179,14 @@ class Tuner:
                 f"autotune: nothing to tune for {ddp.algorithm!r} (its tunables() declare no system parameter "
                 f"that leaves its results unchanged); leave autotune off"
             )
+        smallest = _smallest_bucket_holding_the_model(ddp, self.space)
+        self.space = _distinct(ddp, self.space)
+        if not self.space:
+            self.result = AutotuneResult(dict(self.default), float("nan"), float("nan"), 0, ddp.step)
+            self._show(ddp, f"bagua autotune: skipped: the whole model ({_model_bytes(ddp)} bytes) fits in the "
+                            f"smallest bucket size tried ({_readable('bucket_size_bytes', smallest)}), so every "
+                            f"configuration is the same; keeping {_describe(self.default)}")
+            return
         optuna = _import_optuna()
         if ddp.comm_group.rank == 0:
             self._study = _new_study(optuna, config)
@@ -214,6 +232,7 @@ class Tuner:
         communication hook registered after wrapping leaves fewer tunables)."""
         self.space = _search_space(bucketing.tunables(ddp), self.config.space)
         self.default = {name: t.current for name, t in self.space.items()}
+        self.space = _distinct(ddp, self.space)
         if not self.space:
             logger.warning("autotune: nothing left to tune for %r (a communication hook owns the buckets)", ddp.algorithm)
             self.result = AutotuneResult({}, float("nan"), float("nan"), 0, ddp.step)
@@ -299,8 +318,18 @@ class Tuner:
         ddp.configure(**best)
         self.result = AutotuneResult(best, score, default_time, len(self.log), ddp.step + 1)
         self._trial = None
-        if ddp.comm_group.rank == 0:
-            logger.info(self.result.describe())
+        self._show(ddp, self.result.describe())
+
+    def _show(self, ddp: "DistributedDataParallel", line: str) -> None:
+        """Rank 0's one line: INFO (DEBUG when quiet) on this module's logger, and on stderr when
+        the program has configured no logging handler (as Lightning shows its rank-zero messages)."""
+        if ddp.comm_group.rank != 0:
+            return
+        level = logging.DEBUG if self.config.quiet else logging.INFO
+        if logger.hasHandlers():
+            logger.log(level, line)
+        elif logger.isEnabledFor(level):
+            logging.StreamHandler().handle(logger.makeRecord(logger.name, level, __file__, 0, line, None, None))
 
     def _record(self, entry: dict[str, Any]) -> None:
         if self._csv:
@@ -351,7 +380,7 @@ def _import_optuna():
         import optuna
     except ImportError:
         raise ImportError(
-            "autotune=True searches with optuna, which is not installed: pip install 'bagua[autotune]' "
+            f"autotune=True searches with optuna, which is not installed: {install_hint('autotune')} "
             "(or pass AutotuneConfig(initial=...) with a configuration found before)"
         ) from None
     return optuna
@@ -373,6 +402,30 @@ def _new_study(optuna, config: AutotuneConfig):
 def _write_csv_row(path: str, row: list, mode: str) -> None:
     with open(path, mode, newline="") as f:
         csv.writer(f).writerow(row)
+
+
+def _smallest_bucket_holding_the_model(ddp: "DistributedDataParallel", space: dict[str, Tunable]) -> Optional[int]:
+    """The smallest bucket size ``space`` tries when the whole model fits in it, else None."""
+    sizes = space.get("bucket_size_bytes")
+    smallest = min(*sizes.choices, sizes.current) if sizes is not None else None
+    return smallest if smallest is not None and _model_bytes(ddp) <= smallest else None
+
+
+def _distinct(ddp: "DistributedDataParallel", space: dict[str, Tunable]) -> dict[str, Tunable]:
+    """``space`` without the bucket size when the whole model fits in the smallest one tried:
+    every size then makes the same buckets, and its trials would measure noise."""
+    if _smallest_bucket_holding_the_model(ddp, space) is None:
+        return space
+    return {name: t for name, t in space.items() if name != "bucket_size_bytes"}
+
+
+def _model_bytes(ddp: "DistributedDataParallel") -> int:
+    """What the buckets hold: every tensor the algorithm communicates."""
+    return sum(b.flat.numel() * b.flat.element_size() for b in ddp.buckets)
+
+
+def _describe(settings: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={_readable(k, v)}" for k, v in settings.items())
 
 
 def _readable(name: str, value: Any) -> str:

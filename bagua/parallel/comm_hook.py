@@ -74,7 +74,7 @@ def append_hook_ops(ddp: "DistributedDataParallel") -> None:
     """Make the registered hook the only op of each of ``ddp``'s buckets (again after a rebucket)."""
     state, hook = ddp._comm_hook
     for index, bucket in enumerate(ddp.buckets):
-        params = [ddp.named_parameter(name) for name in ddp.names_in(bucket)]
+        params = [ddp.for_algorithms.parameter(name) for name in ddp.for_algorithms.names_in(bucket)]
         grad_bucket = GradBucket(index, len(ddp.buckets), bucket, params)
         bucket.clear_ops()
         bucket.append_op(_hook_op(state, hook, grad_bucket), f"comm_hook[{getattr(hook, '__name__', 'hook')}]")

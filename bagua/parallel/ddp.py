@@ -32,10 +32,10 @@ from torch.utils._pytree import tree_flatten, tree_map
 from .. import comm
 from ..algorithms.base import Algorithm, AlgorithmImpl, resolve
 from ..algorithms.tunable import Tunable
-from ..comm import Bucket
 from ..optim.fused import gradient_home
 from . import algorithm_state, bucketing, comm_hook, join as _join, unused_parameters
 from .bucketing import gradient_into
+from .for_algorithms import ForAlgorithms
 from .autotune import AutotuneConfig, AutotuneResult, Tuner, resolve_autotune
 from .state_sync import BufferBroadcast, broadcast_tensors, check_same_model, sync_optimizer_states
 from .torch_options import DEFAULT_BUCKET_SIZE_BYTES, TorchOptions, resolve_process_group, torch_options
@@ -66,13 +66,21 @@ class DistributedDataParallel(torch.nn.Module):
             the fastest: True, or a ``bagua.AutotuneConfig``; default ``BAGUA_AUTOTUNE`` (off).
             Results are unchanged; see ``bagua.parallel.autotune``.
 
-    torch DDP's other keyword arguments are accepted with torch's meaning (``device_ids``,
+    Other keyword arguments: torch DDP's, with torch's meaning (``device_ids``,
     ``output_device``, ``dim``, ``bucket_cap_mb``, ``gradient_as_bucket_view``,
-    ``static_graph``, ``forward_sync_buffers``, ...; see ``bagua.parallel.torch_options``).
+    ``static_graph``, ``forward_sync_buffers``, ...; see ``bagua.parallel.torch_options``), and
+    the options of an algorithm given by name (``algorithm="decentralized",
+    peer_selection_mode="shift_one"``); an algorithm built around its optimizer (``"qadam"``)
+    takes the one ``QAdamOptimizer`` of ``optimizers``.
 
     ``.module`` is the wrapped model; ``state_dict()`` has torch DDP's ``module.`` prefix.
     ``bytes_sent_last_step`` is what this rank sent in the last complete step;
-    ``bytes_sent_this_step`` since the current training forward began.
+    ``bytes_sent_this_step`` since the current training forward began. What algorithms use of
+    the wrapper is under ``for_algorithms`` (``docs/writing_an_algorithm.md``).
+
+    Example::
+
+        model = bagua.DistributedDataParallel(model, optimizers=[opt], algorithm="bytegrad")
     """
 
     def __init__(
@@ -86,11 +94,19 @@ class DistributedDataParallel(torch.nn.Module):
         broadcast_buffers: Optional[bool] = None,
         init_sync: bool = True,
         autotune: Union[None, bool, AutotuneConfig] = None,
-        **torch_ddp_kwargs: Any,
+        **kwargs: Any,
     ):
+        """Wrap ``module`` for data-parallel training on every rank of ``process_group`` (the
+        arguments are the class's, above); every rank calls it with the same model.
+
+        Example::
+
+            bagua.init_process_group()
+            ddp = bagua.DistributedDataParallel(model, [opt], "decentralized", peer_selection_mode="shift_one")
+        """
         super().__init__()
         check_module(module)
-        options = torch_options(module, bucket_size_bytes, broadcast_buffers, torch_ddp_kwargs)
+        options, algorithm_options = torch_options(module, bucket_size_bytes, broadcast_buffers, kwargs)
         tuning = resolve_autotune(autotune)
         if isinstance(optimizers, torch.optim.Optimizer):
             optimizers = [optimizers]
@@ -110,7 +126,7 @@ class DistributedDataParallel(torch.nn.Module):
             )
         self._params = dict(self.named_trainable_parameters)
         self.optimizers = checked_optimizers(optimizers, self._params.values())
-        self.algorithm = resolve(algorithm)
+        self.algorithm = resolve("bagua.DistributedDataParallel", algorithm, self.optimizers, algorithm_options)
         self.process_group = resolve_process_group(process_group)
         # A communicator of its own: the user's collectives (logging, Lightning's sync_dist) on the
         # default group never interleave with the wrapper's traffic, in flight or in background.
@@ -119,7 +135,7 @@ class DistributedDataParallel(torch.nn.Module):
         self.broadcast_buffers = options.broadcast_buffers
         self.options: TorchOptions = options
         self.step = 0  # training forwards so far (training steps)
-        self.bytes_sent_last_step = 0
+        self._bytes_sent_last_step = 0
         self._step_start_bytes = 0
         self._src = self.comm_group.ranks[0]
 
@@ -134,10 +150,12 @@ class DistributedDataParallel(torch.nn.Module):
                 f"bagua.DistributedDataParallel(model, optimizers=[opt], algorithm=...)"
             )
         self._gradient_slots: dict[str, torch.Tensor] = {}
+        #: what algorithms use of the wrapper: bucket views, bucket contents, readiness
+        self.for_algorithms = ForAlgorithms(self)
         self.bucket_size_bytes = options.bucket_size_bytes
         bucketing.build(self, options.bucket_size_bytes)
-        has_buffers = bool(self.synced_buffers())  # torch DDP too looks once, at wrap time
-        self._buffer_broadcast = BufferBroadcast(self.synced_buffers, self.comm_group) if self.broadcast_buffers and has_buffers else None
+        has_buffers = bool(self._synced_buffers())  # torch DDP too looks once, at wrap time
+        self._buffer_broadcast = BufferBroadcast(self._synced_buffers, self.comm_group) if self.broadcast_buffers and has_buffers else None
 
         self._require_sync = True   # False inside no_sync()
         self._sync_backward = False  # whether the running backward communicates (set by forward)
@@ -164,17 +182,6 @@ class DistributedDataParallel(torch.nn.Module):
         self._tuner = Tuner(self, tuning) if tuning is not None else None
 
     # --- buckets ------------------------------------------------------------------------------
-    def gradient_slot(self, name: str) -> torch.Tensor:
-        """The tensor that becomes parameter ``name``'s gradient view in a bucket: its current
-        gradient if it has one, else its slot in a fused optimizer's flat gradient buffer, else
-        zeros. The parameter's ``.grad`` is left as it is (None stays None until backward)."""
-        p = self._params[name]
-        slot = p.grad if p.grad is not None else self._gradient_home(p)
-        if slot is None:
-            slot = torch.zeros_like(p, memory_format=torch.contiguous_format)
-        self._gradient_slots[name] = slot
-        return slot
-
     def _gradient_home(self, p: torch.Tensor) -> Optional[torch.Tensor]:
         """Where a fused optimizer keeps ``p``'s gradient in its flat buffer (None if nowhere)."""
         homes = (gradient_home(opt, p) for opt in self.optimizers)
@@ -224,16 +231,15 @@ class DistributedDataParallel(torch.nn.Module):
         the same on every rank."""
         return list(self._tuner.log) if self._tuner is not None else []
 
-    def names_in(self, bucket: Bucket) -> list[str]:
-        """The names (parameter names) of ``bucket``'s tensors, in bucket order."""
-        return self._bucket_names[next(i for i, b in enumerate(self.buckets) if b is bucket)]
-
-    def named_parameter(self, name: str) -> torch.nn.Parameter:
-        """The trainable parameter called ``name``."""
-        return self._params[name]
-
     # --- forward ------------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the module; a training forward (train mode, grad enabled, outside ``no_sync()``)
+        begins a step whose backward communicates, an evaluation forward only runs the module.
+
+        Example::
+
+            loss = F.cross_entropy(ddp(x), y)
+        """
         if self.options.device is not None:
             args, kwargs = _to_device((args, kwargs), self.options.device)
         stepping = self._forward_begins()
@@ -293,7 +299,7 @@ class DistributedDataParallel(torch.nn.Module):
             self._join.notify_active()
         now = comm.bytes_sent()
         if self.step:
-            self.bytes_sent_last_step = now - self._step_start_bytes
+            self._bytes_sent_last_step = now - self._step_start_bytes
         self._step_start_bytes = now
         self._repair_gradients()
         self.impl.on_forward_pre(self)
@@ -362,26 +368,6 @@ class DistributedDataParallel(torch.nn.Module):
 
         return hook
 
-    def mark_ready(self, name: str) -> None:
-        """Declare the bucketed tensor ``name`` ready for this step (algorithms call this)."""
-        self._marked.add(name)
-        self.engine.mark_ready_at(*self._slot[name])
-
-    def mark_all_ready(self) -> None:
-        """Declare every bucketed tensor ready now: all buckets launch, in order."""
-        for name in self._slot:
-            if name not in self._marked:
-                self.mark_ready(name)
-
-    def communicate_all(self) -> None:
-        """Run every bucket's ops now, in bucket order, and wait for them (for algorithms that
-        communicate outside backward, e.g. after the optimizer step)."""
-        self.mark_all_ready()
-        try:
-            self.engine.wait()
-        finally:
-            self._marked.clear()
-
     def _end_of_backward(self) -> None:
         self._callback_queued = False
         self._sync_backward = False
@@ -398,7 +384,7 @@ class DistributedDataParallel(torch.nn.Module):
                     )
                 for name in unused:  # they count as zero (or as what they accumulated) this step
                     unused_parameters.contribute(self, name)
-                    self.mark_ready(name)
+                    self.for_algorithms.mark_ready(name)
             if self._marked:
                 self.engine.wait()
             if self.find_unused_parameters and self.impl.ready_on_backward(self):
@@ -428,18 +414,18 @@ class DistributedDataParallel(torch.nn.Module):
     def sync_buffers(self) -> None:
         """Make every rank's buffers the first rank's now (every rank calls it), e.g. after
         training with an algorithm whose ranks do not wait for each other."""
-        broadcast_tensors(self.synced_buffers(), self.comm_group, self._src)
+        broadcast_tensors(self._synced_buffers(), self.comm_group, self._src)
 
     def _sync_from_first_rank(self, buffers: bool = True) -> None:
         """Every rank takes the first rank's parameters (and buffers) and optimizer state."""
-        tensors = self._synced_parameters() + (self.synced_buffers() if buffers else [])
+        tensors = self._synced_parameters() + (self._synced_buffers() if buffers else [])
         broadcast_tensors(tensors, self.comm_group, self._src)
         sync_optimizer_states(self.optimizers, self.comm_group, self._src)
 
     def _synced_parameters(self) -> list[torch.Tensor]:
         return [p for n, p in self.module.named_parameters() if n not in self.ignored]
 
-    def synced_buffers(self) -> list[torch.Tensor]:
+    def _synced_buffers(self) -> list[torch.Tensor]:
         """The module's buffers that ranks share (all but the ignored ones, see ``ignored_names``)."""
         return [b for n, b in self.module.named_buffers() if n not in self.ignored]
 
@@ -537,6 +523,16 @@ class DistributedDataParallel(torch.nn.Module):
             ddp.load_algorithm_state_dict(torch.load(path)["bagua"])
         """
         algorithm_state.load_state_dict(self, state)
+
+    @property
+    def bytes_sent_last_step(self) -> int:
+        """Bytes this rank sent in the last complete training step (0 before the second one).
+
+        Example::
+
+            print(f"{ddp.bytes_sent_last_step / 2**20:.1f} MiB per step")
+        """
+        return self._bytes_sent_last_step
 
     @property
     def bytes_sent_this_step(self) -> int:

@@ -85,7 +85,7 @@ class JoinState:
                 bucket.flat.zero_()
         ddp._buffers_sent = False
         ddp._start_buffer_broadcast()
-        ddp.mark_all_ready()
+        ddp.for_algorithms.mark_all_ready()
         try:
             ddp.engine.wait()
             if ddp.find_unused_parameters:
@@ -99,7 +99,7 @@ class JoinState:
         while any(self._round(False)):
             self._shadow_step()
         last = next(r for r, a in zip(self.group.ranks, self.previous) if a)
-        broadcast_tensors(self.ddp._synced_parameters() + self.ddp.synced_buffers(), self.group, last)
+        broadcast_tensors(self.ddp._synced_parameters() + self.ddp._synced_buffers(), self.group, last)
         sync_optimizer_states(self.ddp.optimizers, self.group, last)
 
 

@@ -7,8 +7,8 @@ with nothing to change here (``gradient_as_bucket_view``: gradients always are b
 
 Example::
 
-    options = torch_options(model, None, None, {"device_ids": [0], "bucket_cap_mb": 50})
-    options.bucket_size_bytes        # 52428800
+    options, rest = torch_options(model, None, None, {"device_ids": [0], "bucket_cap_mb": 50})
+    options.bucket_size_bytes        # 52428800; rest: {} (what is not torch DDP's: the algorithm's options)
 """
 
 from __future__ import annotations
@@ -50,9 +50,10 @@ def torch_options(
     bucket_size_bytes: Optional[int],
     broadcast_buffers: Optional[bool],
     kwargs: dict,
-) -> TorchOptions:
+) -> tuple[TorchOptions, dict[str, Any]]:
     """Read the wrapper's and torch DDP's arguments into ``TorchOptions``; clear errors for
-    arguments that cannot apply."""
+    arguments that cannot apply. The keyword arguments that are not torch DDP's come back as
+    they are (the algorithm's options)."""
     kwargs = dict(kwargs)
     for name, default in _HINTS.items():
         kwargs.pop(name, default)
@@ -63,16 +64,13 @@ def torch_options(
     bucket_cap_mb = kwargs.pop("bucket_cap_mb", None)
     forward_sync_buffers = kwargs.pop("forward_sync_buffers", None)
     device = _device(module, kwargs.pop("device_ids", None), kwargs.pop("output_device", None))
-    if kwargs:
-        name = sorted(kwargs)[0]
-        raise TypeError(f"bagua.DistributedDataParallel got an unexpected keyword argument {name!r}")
     return TorchOptions(
         bucket_size_bytes=_bucket_size(bucket_size_bytes, bucket_cap_mb),
         broadcast_buffers=bool(forward_sync_buffers if forward_sync_buffers is not None
                                else (broadcast_buffers if broadcast_buffers is not None else True)),
         init_sync_buffers=forward_sync_buffers is not None or broadcast_buffers is not False,
         device=device,
-    )
+    ), kwargs
 
 
 def _bucket_size(bucket_size_bytes: Optional[int], bucket_cap_mb: Optional[float]) -> int:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 def contribute(ddp: "DistributedDataParallel", name: str) -> None:
     """Parameter ``name``, which this backward did not reach, contributes its gradient as it is,
     or zeros when it has none; its ``.grad`` stays as it is until the ranks agree."""
-    view, p = ddp._grad_view.get(name), ddp.named_parameter(name)
+    view, p = ddp._grad_view.get(name), ddp.for_algorithms.parameter(name)
     if view is None:
         return
     if p.grad is None:
@@ -49,4 +49,4 @@ def adopt_averaged_gradients(ddp: "DistributedDataParallel", locally_unused: lis
     unused = set(locally_unused)
     for name, anyone in zip(names, used.tolist()):
         if anyone and name in unused and name in ddp._grad_view:
-            ddp.named_parameter(name).grad = ddp._grad_view[name]
+            ddp.for_algorithms.parameter(name).grad = ddp._grad_view[name]

@@ -128,8 +128,8 @@ class BaguaProcessGroup:
     def _communicator(self, ranks: list[int]) -> Union[Communicator, _NonMember]:
         key = tuple(ranks)
         if key not in self._communicators:
-            member = native.get_rank() in key
-            self._communicators[key] = Communicator(native.new_group(ranks)) if member else CommMember.NON_COMM_MEMBER
+            group = native.new_group(ranks)
+            self._communicators[key] = Communicator(group) if group.is_member else CommMember.NON_COMM_MEMBER
         return self._communicators[key]
 
     def _adopt(self, group: native.BaguaProcessGroup) -> None:
@@ -213,7 +213,9 @@ def new_group(ranks: Optional[Sequence[int]] = None, stream: Optional[Any] = Non
 
     The members call it with the same ranks, in the same order relative to their other
     ``new_group`` calls; other ranks may call it too (the original asked every rank to) and do
-    nothing. ``stream`` is ignored.
+    nothing: they get a group they are not a member of (``ranks=[]``: no rank is), whose
+    communicators are ``CommMember.NON_COMM_MEMBER`` (see ``bagua.comm.new_group``). ``stream``
+    is ignored.
 
     Example::
 
@@ -221,11 +223,7 @@ def new_group(ranks: Optional[Sequence[int]] = None, stream: Optional[Any] = Non
         bagua.torch_api.allreduce(t, t, comm=odd.get_global_communicator())
     """
     _require_init("bagua.torch_api.communication.new_group()")
-    world = native.get_world_size()
-    ranks = list(range(world)) if ranks is None else sorted(ranks)
-    if not ranks or len(set(ranks)) != len(ranks) or not all(isinstance(r, int) and 0 <= r < world for r in ranks):
-        raise ValueError(f"new_group: ranks must be distinct global ranks in [0, {world}), got {ranks}")
-    group = BaguaProcessGroup(ranks, stream)
+    group = BaguaProcessGroup(list(range(native.get_world_size())) if ranks is None else sorted(ranks), stream)
     group.get_global_communicator()
     return group
 

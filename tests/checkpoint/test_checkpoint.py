@@ -204,3 +204,17 @@ def test_keep_last_removes_older_checkpoints_with_their_replica_files(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "step-3.pt", "step-4.pt"]
     with pytest.raises(ValueError, match="keep_last must be an int >= 1"):
         save_checkpoint(tmp_path / "step-5.pt", step=5, model=model, optimizers=[opt], keep_last=0)
+
+
+@pytest.mark.parametrize("call", ["save_checkpoint", "load_checkpoint"])
+def test_torch_distributed_sampler_is_refused_with_the_sampler_to_use(tmp_path, call):
+    sampler = torch.utils.data.DistributedSampler(range(8), num_replicas=2, rank=0)
+    args = dict(model=torch.nn.Linear(2, 2), optimizers=[], sampler=sampler)
+    if call == "save_checkpoint":
+        args["step"] = 0
+    with pytest.raises(TypeError) as error:
+        getattr(bagua.checkpoint, call)(tmp_path / "step-0.pt", **args)
+    assert str(error.value) == (
+        f"{call}: sampler=torch.utils.data.distributed.DistributedSampler has no state_dict()/load_state_dict(), "
+        "so it cannot resume mid-epoch (torch's DistributedSampler cannot); use bagua.data.ElasticDistributedSampler "
+        "(DistributedSampler's arguments and order, resumable) or a bagua.data.LoadBalancingDistributedSampler")

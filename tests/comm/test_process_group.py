@@ -68,6 +68,7 @@ def _custom_group(rank: int) -> float:
     t = torch.full((3,), float(rank))
     if rank in group.ranks:
         bagua.comm.allreduce(t, group=group)
+    bagua.comm.barrier()  # rank 1 makes nothing: it must not leave while the others still connect
     return t[0].item()
 
 
@@ -181,3 +182,32 @@ def _unsorted_group(rank: int) -> tuple:
 def test_a_group_listed_out_of_order_numbers_its_ranks_as_torch_does():
     for rank, (ranks, group_rank, gathered) in enumerate(run_ranks(_unsorted_group, 2)):
         assert ranks == (0, 1) and group_rank == rank and gathered == [0.0, 1.0]
+
+
+def _non_members(rank: int) -> dict:
+    nobody, first = bagua.comm.new_group([]), bagua.comm.new_group([0])
+    out = {"nobody": (nobody.ranks, nobody.size, nobody.is_member), "first": first.is_member}
+    t = torch.ones(2)
+    for name, call in [("rank", lambda: first.rank), ("allreduce", lambda: bagua.comm.allreduce(t, group=first)),
+                       ("barrier", lambda: bagua.comm.barrier(group=nobody))]:
+        try:
+            call()
+            out[name] = "ok"
+        except ValueError as error:
+            out[name] = str(error)
+    bagua.comm.allreduce(t)  # the default group is unaffected
+    out["sum"] = t.tolist()
+    return out
+
+
+def test_a_non_member_gets_a_group_it_is_not_in_and_clear_errors_from_its_collectives():
+    """As torch's new_group: a rank outside ``ranks`` (or ``ranks=[]``) gets a group, not an error."""
+    rank0, rank1 = run_ranks(_non_members, 2)
+    for out in (rank0, rank1):
+        assert out["nobody"] == ((), 0, False) and out["sum"] == [2.0, 2.0]
+        assert out["barrier"].startswith("rank ") and "is not a member of group []" in out["barrier"]
+    assert (rank0["first"], rank0["rank"], rank0["allreduce"]) == (True, "ok", "ok")
+    assert rank1["first"] is False
+    assert rank1["rank"] == "rank 1 is not a member of this group (ranks [0])"
+    assert rank1["allreduce"] == ("rank 1 is not a member of group [0]: only its members run collectives on it "
+                                  "(check group.is_member first)")

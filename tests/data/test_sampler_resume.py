@@ -96,6 +96,9 @@ def test_same_world_resume_equals_uninterrupted(kind, shuffle, drop_last, replic
         assert state["position"] == cut and state["num_replicas"] == replicas and state["segment"] == 0
         for rank, s in enumerate(_make(kind, replicas, **cfg)):
             s.load_state_dict(state)
+            if cut == length:
+                assert s.epoch == 3 and taken[rank] == full[rank], "a finished epoch resumes at the next one"
+                continue
             assert s.epoch == 2
             s.set_epoch(2)  # the resumed loop's set_epoch at the top of the epoch keeps the resume
             assert taken[rank] + list(s) == full[rank], f"rank {rank}, cut {cut}"
@@ -203,11 +206,9 @@ def test_epoch_boundaries(kind):
         later = _make(kind, replicas)
         for s in later:
             s.load_state_dict(done)
-            assert s.epoch == 3
-            s.set_epoch(3)
-            assert list(s) == [], "a finished epoch resumes to nothing"
-            assert _same_state(s.state_dict(), done)
-        assert _whole(later, 4) == _whole(_make(kind, replicas), 4), "the next epoch is whole"
+            assert s.epoch == 4, "a finished epoch resumes at the start of the next one"
+            assert (s.state_dict()["epoch"], s.state_dict()["position"]) == (4, 0)
+        assert [list(s) for s in later] == _whole(_make(kind, replicas), 4), "the next epoch is whole"
     # Before iterating, a new epoch's state is its start.
     first[0].set_epoch(5)
     assert (first[0].state_dict()["epoch"], first[0].state_dict()["position"]) == (5, 0)
@@ -301,7 +302,7 @@ def test_loader_run_to_the_end_completes_the_pass():
     assert s.state_dict()["position"] == N, "the tail that drop_last left out is not left for a resume"
     t = _make("elastic", 3)[0]
     t.load_state_dict(s.state_dict())
-    assert list(t) == []
+    assert t.epoch == 1 and list(t) == _whole(_make("elastic", 3), 1)[0], "the next epoch, whole"
 
 
 def test_loader_with_other_samplers_is_a_dataloader():
@@ -344,3 +345,34 @@ def test_bad_states(state, match):
     s = _make("elastic", 2)[0]
     with pytest.raises(ValueError, match=match):
         s.load_state_dict(state())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_readme_resume_loop_trains_every_sample_once_per_epoch(kind):
+    """The loop of the README's recipe, ``for epoch in range(sampler.epoch, epochs)``, resumed from a
+    state saved mid-epoch and from one saved when an epoch had just ended: no epoch is entered
+    twice and every sample is trained once per epoch, as in the uninterrupted run."""
+    def train(samplers, epochs, stop_after=None):
+        seen, units = {}, 0
+        for epoch in range(samplers[0].epoch, epochs):
+            for s in samplers:
+                s.set_epoch(epoch)
+            seen[epoch] = []  # entered (and evaluated, and saved, in a real loop)
+            for step in zip(*samplers):
+                seen[epoch].extend(_samples(step))
+                units += 1
+                if units == stop_after:
+                    return seen, _lockstep_state(samplers)
+        return seen, None
+
+    uninterrupted, _ = train(_make(kind, 2), 3)
+    per_epoch = len(_whole(_make(kind, 2), 0)[0])  # units (indices or batches) per rank in epoch 0
+    for stop_after in (per_epoch // 2, per_epoch):  # mid-epoch, and at the end of epoch 0
+        first, state = train(_make(kind, 2), 3, stop_after)
+        resumed = _make(kind, 2)
+        for s in resumed:
+            s.load_state_dict(state)
+        rest, _ = train(resumed, 3)
+        assert min(rest) == (1 if stop_after == per_epoch else 0), "a finished epoch is not entered again"
+        for epoch in range(3):
+            assert sorted(first.get(epoch, []) + rest.get(epoch, [])) == sorted(uninterrupted[epoch])

@@ -204,9 +204,9 @@ def test_cpu_dispatches_to_reference(monkeypatch):
 def test_missing_triton_gives_clear_error(monkeypatch):
     monkeypatch.setattr(mm, "triton", None)
     monkeypatch.setattr(mm, "_TRITON_IMPORT_ERROR", ImportError("No module named 'triton'"))
-    with pytest.raises(RuntimeError, match=r"bagua\[gpu\]"):
+    with pytest.raises(RuntimeError, match=r"pip install 'bagua-torch\[gpu\]' \(in a clone: pip install -e '\.\[gpu\]'\)"):
         mm.encode_triton(torch.randn(10))
-    with pytest.raises(RuntimeError, match=r"bagua\[gpu\]"):
+    with pytest.raises(RuntimeError, match=r"pip install 'bagua-torch\[gpu\]' \(in a clone: pip install -e '\.\[gpu\]'\)"):
         mm.decode_triton(torch.zeros(18, dtype=torch.uint8), 10)
 
 

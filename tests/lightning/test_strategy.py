@@ -158,7 +158,8 @@ def test_a_step_that_raises_ends_the_fit_promptly_and_unwraps(results):
 
 def test_qadam_by_name_needs_one_qadam_optimizer(results):
     rank0, _ = results("qadam_wrong_optimizer")
-    assert "exactly one bagua.optim.QAdamOptimizer" in rank0["message"] and "[SGD]" in rank0["message"]
+    assert ("needs exactly one bagua.optim.qadam.QAdamOptimizer (returned by configure_optimizers; LR schedulers "
+            "allowed), got [SGD]") in rank0["message"]
 
 
 def test_lightning_collectives_go_through_bagua(results):
@@ -187,11 +188,12 @@ def test_bad_arguments_fail_before_launch():
 
     with pytest.raises(ValueError, match=r"unknown algorithm 'allreduce'; registered: async, bytegrad"):
         BaguaStrategy("allreduce")
-    with pytest.raises(TypeError, match=r"Algorithm.init\('bytegrad', \.\.\.\).*hierarchy"):
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'hierarchy': it is no option of algorithm "
+                                        r"'bytegrad' \(bagua.algorithms.bytegrad.ByteGradAlgorithm accepts hierarchical"):
         BaguaStrategy("bytegrad", hierarchy=True)
-    with pytest.raises(ValueError, match="already an instance.*hierarchical"):
+    with pytest.raises(ValueError, match="'hierarchical': algorithm is already an instance"):
         BaguaStrategy(GradientAllReduceAlgorithm(), hierarchical=True)
-    with pytest.raises(TypeError, match=r"algorithm='qadam'.*warmup"):
+    with pytest.raises(TypeError, match=r"'warmup': it is no option of algorithm 'qadam'"):
         BaguaStrategy("qadam", warmup=10)
     with pytest.raises(TypeError, match="must be a name"):
         BaguaStrategy(3)
@@ -211,9 +213,37 @@ def test_the_import_registers_the_name_once():
     assert "ddp" in StrategyRegistry and StrategyRegistry.get("ddp").__class__.__name__ == "DDPStrategy"
 
 
-def test_bagua_does_not_import_lightning_and_says_how_to_install_it():
+@pytest.mark.parametrize("module", ["bagua.lightning", "lightning_bagua"])
+def test_bagua_does_not_import_lightning_and_says_how_to_install_it(module):
     check = "import sys, bagua; assert 'lightning' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", check], capture_output=True).returncode == 0
-    blocked = "import sys; sys.modules['lightning'] = None; import bagua.lightning"
+    blocked = f"import sys; sys.modules['lightning'] = None; import {module}"
     run = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True)
-    assert "ImportError: bagua.lightning needs Lightning 2.6 or newer: pip install bagua[lightning]" in run.stderr
+    assert ("ImportError: Bagua's Lightning strategy (bagua.lightning, lightning_bagua) needs Lightning 2.6 or newer: "
+            "pip install 'bagua-torch[lightning]' (in a clone: pip install -e '.[lightning]')") in run.stderr
+
+
+# --- the spellings of Lightning's documentation, each in its own import order, each a real fit ----------
+SPELLING_JOB = Path(__file__).with_name("_spelling_job.py")
+
+
+@pytest.mark.parametrize("spelling", ["lightning_bagua", "lightning_then_bagua", "bagua_then_lightning"])
+def test_each_documented_spelling_fits_on_two_ranks(tmp_path, spelling):
+    run = run_job([sys.executable, str(SPELLING_JOB), str(tmp_path), spelling], deadline_s=120)
+    assert run.returncode == 0, run.stdout[-4000:]
+    rank0, rank1 = Results(tmp_path, run)(spelling)
+    assert rank0["strategy"] == "bagua.lightning.BaguaStrategy"
+    if spelling != "lightning_bagua":  # the name worked through what `import bagua` did, not an import of the strategy
+        assert not rank0["strategy_module_before_trainer"]
+    assert len(rank0["losses"]) == 8 and all(torch.isfinite(torch.tensor(rank0["losses"])))
+    assert max_difference(rank0["weights"], rank1["weights"]) == 0.0
+
+
+
+def test_the_standalone_pytorch_lightning_trainer_is_told_which_trainer_to_import():
+    """pytorch_lightning's Trainer cannot take a lightning.pytorch strategy: the name says so."""
+    script = "import bagua, pytorch_lightning as pl; pl.Trainer(strategy='bagua', accelerator='cpu', devices=1)"
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert ("ImportError: Trainer(strategy='bagua') is a strategy of the lightning package's Trainer "
+            "(lightning.pytorch), not of the standalone pytorch_lightning package's: import the Trainer with "
+            "`import lightning.pytorch as pl` (or `from lightning import Trainer`)") in run.stderr

@@ -223,7 +223,7 @@ def _bad(rank: int, case: str):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     if case == "no_optuna":
         sys.modules["optuna"] = None
-        bagua.DistributedDataParallel(model, [opt], autotune=True)
+        bagua.DistributedDataParallel(model, [opt], autotune=bagua.AutotuneConfig(space={"bucket_size_bytes": SIZES}))
     elif case == "nothing_to_tune":
         bagua.DistributedDataParallel(model, [opt], "low_precision_decentralized", autotune=True)
     elif case == "env":
@@ -236,7 +236,7 @@ def _bad(rank: int, case: str):
 
 
 @pytest.mark.parametrize("case,message", [
-    ("no_optuna", "pip install 'bagua[autotune]'"),
+    ("no_optuna", "pip install 'bagua-torch[autotune]' (in a clone: pip install -e '.[autotune]')"),
     ("nothing_to_tune", "autotune: nothing to tune for LowPrecisionDecentralizedAlgorithm"),
     ("env", "environment variable BAGUA_AUTOTUNE must be 0 or 1, got 'yes'"),
     ("space", "AutotuneConfig.space: ['segment_elems'] not tunable here; tunable: ['bucket_size_bytes']"),
@@ -245,3 +245,47 @@ def _bad(rank: int, case: str):
 def test_bad_input_is_a_clear_error(case, message):
     errors = run_ranks_expect_errors(_bad, 2, case, timeout=60)
     assert all(message in tb for tb in errors.values()), errors[0]
+
+
+def _shown(rank: int, config, width: int) -> dict:
+    """What rank ``rank`` prints on stderr while wrapping and training, logging left unconfigured."""
+    import contextlib
+    import io
+    import logging
+
+    assert not logging.getLogger().hasHandlers()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, width), torch.nn.Tanh(), torch.nn.Linear(width, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        ddp = bagua.DistributedDataParallel(model, [opt], autotune=config)
+        for x, y in rank_batches(rank, 8):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(ddp(x), y).backward()
+            opt.step()
+    return {"stderr": stderr.getvalue(), "result": ddp.autotune_result}
+
+
+@pytest.mark.parametrize("case", ["fits_in_one_bucket", "searched", "quiet"])
+def test_rank0_shows_one_line_by_default_and_none_when_quiet(case):
+    """Without any logging configuration: the tiny model (1 KB) fits in the smallest bucket size of
+    the default space (1 MiB), so the search is skipped with one line; a 1.6 MB model is searched
+    and its result shown; quiet shows nothing."""
+    quick = dict(max_trials=2, steps_per_trial=1, warmup_steps=1)
+    config, width = {
+        "fits_in_one_bucket": (True, 16),
+        "searched": (bagua.AutotuneConfig(**quick, space={"bucket_size_bytes": (1 << 20, 2 << 20)}), 25_000),
+        "quiet": (bagua.AutotuneConfig(**quick, quiet=True), 16),
+    }[case]
+    rank0, rank1 = run_ranks(_shown, 2, config, width)
+    assert rank1["stderr"] == ""
+    lines = rank0["stderr"].splitlines()
+    if case == "quiet":
+        assert lines == []
+    elif case == "searched":
+        assert len(lines) == 1 and lines[0].startswith("bagua autotune: bucket_size_bytes=") and "2 trials" in lines[0]
+    else:
+        assert lines == ["bagua autotune: skipped: the whole model (1036 bytes) fits in the smallest bucket size "
+                         "tried (1 MiB), so every configuration is the same; keeping bucket_size_bytes=25 MiB"]
+        assert rank0["result"].config == {"bucket_size_bytes": 25 << 20} and rank0["result"].trials == 0

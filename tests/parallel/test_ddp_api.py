@@ -38,6 +38,52 @@ def test_bad_arguments_are_clear_errors(make, message):
         make()
 
 
+def _by_name_with_options(rank: int):
+    """Each case wraps, takes a step and closes; a mistake's message is returned instead."""
+    def attempt(make_optimizer, algorithm, **options):
+        model = make_model()
+        opt = make_optimizer(model)
+        try:
+            ddp = bagua.DistributedDataParallel(model, [opt], algorithm, **options)
+        except (TypeError, ValueError) as error:
+            return str(error)
+        x, y = rank_batches(rank, 1)[0]
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+        built = ddp.algorithm
+        ddp.close()
+        return built
+
+    sgd = lambda m: torch.optim.SGD(m.parameters(), lr=0.1)  # noqa: E731
+    qadam = lambda m: bagua.optim.QAdamOptimizer(m.parameters(), lr=1e-3, warmup_steps=2)  # noqa: E731
+    return {
+        "qadam": attempt(qadam, "qadam", hierarchical=True),
+        "qadam_without_its_optimizer": attempt(sgd, "qadam"),
+        "shift_one": attempt(sgd, "decentralized", peer_selection_mode="shift_one", communication_interval=2),
+        "typo": attempt(sgd, "decentralized", peer_selection_mod="shift_one"),
+        "instance_and_options": attempt(sgd, bagua.algorithms.ByteGradAlgorithm(), hierarchical=True),
+    }
+
+
+def test_algorithm_by_name_takes_its_options_and_qadam_its_optimizer():
+    """``algorithm=name`` with the algorithm's options next to it, as ``BaguaStrategy`` takes them;
+    qadam by name is built around the one QAdamOptimizer of ``optimizers``."""
+    for result in run_ranks(_by_name_with_options, 2):
+        assert isinstance(result["qadam"], bagua.algorithms.QAdamAlgorithm) and result["qadam"].hierarchical
+        assert result["qadam_without_its_optimizer"] == (
+            "bagua.DistributedDataParallel: algorithm 'qadam' by name is built around its optimizer and needs "
+            "exactly one bagua.optim.qadam.QAdamOptimizer (optimizers=[opt]), got [SGD]")
+        shift_one = result["shift_one"]
+        assert (shift_one.peer_selection_mode, shift_one.communication_interval) == ("shift_one", 2)
+        assert result["typo"] == (
+            "bagua.DistributedDataParallel got an unexpected keyword argument 'peer_selection_mod': it is no option "
+            "of algorithm 'decentralized' (bagua.algorithms.decentralized.DecentralizedAlgorithm accepts "
+            "hierarchical, peer_selection_mode, communication_interval)")
+        assert result["instance_and_options"] == (
+            "bagua.DistributedDataParallel got an unexpected keyword argument 'hierarchical': algorithm is already "
+            "an instance (ByteGradAlgorithm); an algorithm's options go to its constructor")
+
+
 def test_a_new_algorithm_registers_and_rejects_a_taken_name():
     @Algorithm.register("test_only_noop")
     class Noop(Algorithm):
@@ -225,3 +271,21 @@ def test_launcher_facing_api_explicit_init_broadcast_module_prepare_for_backward
         assert torch.equal(ga, gb)
     assert not torch.equal(a[1][0], a[1][1])
     assert b[2] < 12.0 and not b[3]  # rank 1 closed alone, within the exit join's bound
+
+
+def test_help_shows_our_init_and_a_torch_ddp_like_surface():
+    """``help(bagua.DistributedDataParallel)``: the class's own section lists the user's API (torch
+    DDP's methods, checkpoints, autotuning, traffic counters) with our docstrings; the services
+    for algorithm writers live under ``ddp.for_algorithms`` (docs/writing_an_algorithm.md)."""
+    import pydoc
+    import re
+
+    own = pydoc.render_doc(bagua.DistributedDataParallel, renderer=pydoc.plaintext).split("Methods inherited from")[0]
+    listed = set(re.findall(r"^ \|  (\w+)(?:\(| =|$)", own, re.M))
+    assert {"__init__", "forward", "no_sync", "join", "register_comm_hook", "algorithm_state_dict", "close",
+            "bytes_sent_last_step", "bytes_sent_this_step", "autotune_result"} <= listed
+    moved = {"mark_ready", "mark_all_ready", "communicate_all", "names_in", "gradient_slot", "parameter"}
+    assert moved <= set(dir(bagua.parallel.for_algorithms.ForAlgorithms))
+    assert not (moved | {"named_parameter", "synced_buffers"}) & listed
+    assert "Initialize internal Module state" not in own and "Define the computation" not in own
+    assert "Wrap ``module`` for data-parallel training" in own

@@ -33,6 +33,7 @@ import time
 import weakref
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, TypeVar, Union
 
+from ..._install import install_hint
 from . import _local_redis
 from .store import Store, StoreUnavailableError, Value, _WarnOnce
 
@@ -62,7 +63,7 @@ def _redis():
     try:
         import redis
     except ImportError as e:
-        raise ImportError("RedisStore needs the redis client: pip install 'bagua[redis]' (or redis>=5)") from e
+        raise ImportError(f"RedisStore needs the redis client: {install_hint('redis')}, or pip install 'redis>=5'") from e
     return redis
 
 

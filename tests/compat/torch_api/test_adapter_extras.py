@@ -55,3 +55,20 @@ def test_apply_flattened_call_bucket_state_and_build_params():
     assert results[0]["peer_weight_before_a_step"] and results[1]["peer_weight_before_a_step"]
     # "all": every rank averaged the same weights (rank 0's, broadcast at wrapping)
     assert torch.equal(results[0]["peer_weight"], results[1]["peer_weight"])
+
+
+def _empty_group(rank: int) -> dict:
+    import bagua.torch_api as bagua
+    from bagua.torch_api.communication import CommMember, _rank_not_in_group
+
+    group = bagua.communication.new_group(ranks=[])  # the original's decentralized test builds one
+    comm = group.get_global_communicator()
+    t = torch.full((2,), float(rank))
+    bagua.allreduce_inplace(t, comm=comm)  # a non-member's collective returns at once, doing nothing
+    return {"not_in": _rank_not_in_group(group), "non_member": comm is CommMember.NON_COMM_MEMBER,
+            "intra": group.get_intra_node_communicator() is CommMember.NON_COMM_MEMBER, "t": t.tolist()}
+
+
+def test_new_group_of_no_ranks_is_a_group_no_rank_is_in():
+    for rank, out in enumerate(run_ranks(_empty_group, 2)):
+        assert out == {"not_in": True, "non_member": True, "intra": True, "t": [float(rank)] * 2}

@@ -1,0 +1,110 @@
+"""What the wrapper offers algorithm writers: ``ddp.for_algorithms``, apart from the user's API.
+
+An ``AlgorithmImpl``'s hooks get the wrapper (``ddp``) and reach its buckets through
+``ddp.for_algorithms``: which tensor becomes a gradient's bucket view, which parameters a bucket
+holds, and when buckets are handed to the engine (``docs/writing_an_algorithm.md``). The
+wrapper's own surface stays the one a torch DDP user knows.
+
+Example::
+
+    class MyImpl(AlgorithmImpl):
+        def on_optimizer_step_post(self, ddp):
+            with torch.no_grad():
+                ddp.for_algorithms.communicate_all()   # every bucket's ops, in bucket order, finished
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..comm import Bucket
+
+if TYPE_CHECKING:
+    from .ddp import DistributedDataParallel
+
+
+class ForAlgorithms:
+    """The wrapper's buckets and engine, as algorithms use them (one per wrapper)."""
+
+    def __init__(self, ddp: "DistributedDataParallel"):
+        self._ddp = ddp
+
+    def gradient_slot(self, name: str) -> torch.Tensor:
+        """The tensor that becomes parameter ``name``'s gradient view in a bucket: its current
+        gradient if it has one, else its slot in a fused optimizer's flat gradient buffer, else
+        zeros. The parameter's ``.grad`` is left as it is (None stays None until backward).
+
+        Example::
+
+            def tensors_to_communicate(self, ddp):
+                return [(n, ddp.for_algorithms.gradient_slot(n)) for n, _ in ddp.named_trainable_parameters]
+        """
+        ddp = self._ddp
+        p = ddp._params[name]
+        slot = p.grad if p.grad is not None else ddp._gradient_home(p)
+        if slot is None:
+            slot = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        ddp._gradient_slots[name] = slot
+        return slot
+
+    def names_in(self, bucket: Bucket) -> list[str]:
+        """The names (parameter names) of ``bucket``'s tensors, in bucket order.
+
+        Example::
+
+            params = [ddp.for_algorithms.parameter(n) for n in ddp.for_algorithms.names_in(bucket)]
+        """
+        ddp = self._ddp
+        return ddp._bucket_names[next(i for i, b in enumerate(ddp.buckets) if b is bucket)]
+
+    def parameter(self, name: str) -> torch.nn.Parameter:
+        """The trainable parameter called ``name``.
+
+        Example::
+
+            ddp.for_algorithms.parameter("0.weight").grad
+        """
+        return self._ddp._params[name]
+
+    def mark_ready(self, name: str) -> None:
+        """Declare the bucketed tensor ``name`` ready for this step: a bucket whose tensors are all
+        ready launches its ops, in bucket order.
+
+        Example::
+
+            def on_tensor_ready(self, ddp, name, param):
+                ddp.for_algorithms.mark_ready(name)
+        """
+        ddp = self._ddp
+        ddp._marked.add(name)
+        ddp.engine.mark_ready_at(*ddp._slot[name])
+
+    def mark_all_ready(self) -> None:
+        """Declare every bucketed tensor ready now: all buckets launch, in order (the end of
+        backward waits for them).
+
+        Example::
+
+            def on_forward_pre(self, ddp):
+                ddp.for_algorithms.mark_all_ready()     # exchange weights while forward runs
+        """
+        for name in self._ddp._slot:
+            if name not in self._ddp._marked:
+                self.mark_ready(name)
+
+    def communicate_all(self) -> None:
+        """Run every bucket's ops now, in bucket order, and wait for them (for algorithms that
+        communicate outside backward, e.g. after the optimizer step).
+
+        Example::
+
+            with torch.no_grad():
+                ddp.for_algorithms.communicate_all()
+        """
+        self.mark_all_ready()
+        try:
+            self._ddp.engine.wait()
+        finally:
+            self._ddp._marked.clear()
