@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.netns import ShapedNetwork
-from benchmarks.tcp_probe import parse_result
+from benchmarks.network import ShapedNetwork
+from benchmarks.network.probes import parse_result
 
 REPO = Path(__file__).resolve().parents[2]
-TCP_PROBE = REPO / "benchmarks" / "tcp_probe.py"
+PROBES = REPO / "benchmarks" / "network" / "probes.py"
 
 
 def _netns_unavailable() -> str:
@@ -46,12 +46,12 @@ def ours(net: ShapedNetwork) -> tuple[list[str], list[str]]:
 
 
 def probe(net: ShapedNetwork, connections: int, megabytes: float) -> dict[str, str]:
-    """Run benchmarks/tcp_probe.py on ``net`` (ranks > 0 send to rank 0); its result fields.
+    """Run the TCP probe on ``net`` (ranks > 0 send to rank 0); its result fields.
 
     Example: ``float(probe(net, 8, 2.0)["mbit_s"])``
     """
     net.run(
-        [sys.executable, str(TCP_PROBE), "--connections", str(connections),
+        [sys.executable, str(PROBES), "tcp", "--connections", str(connections),
          "--megabytes", str(megabytes)],
         timeout=30, echo=False,
     )

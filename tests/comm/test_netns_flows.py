@@ -1,4 +1,4 @@
-"""Tests for the per-connection-capped link (benchmarks/netns_flows.py through ShapedNetwork).
+"""Tests for the per-connection-capped link (benchmarks/network/flows.py through ShapedNetwork).
 
 The measured ones build real namespaces with an htb tree per leg (root and iproute2 needed,
 skipped otherwise): one connection gets the per-flow cap, eight share the aggregate and no more
@@ -19,7 +19,7 @@ import pytest
 
 from benchmarks import netns
 from benchmarks.netns import ShapedNetwork
-from benchmarks.netns_flows import (
+from benchmarks.network.flows import (
     MAX_LEAVES,
     Connection,
     FlowShaping,

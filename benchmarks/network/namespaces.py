@@ -1,18 +1,18 @@
-"""The host side of ``netns.py``: names, rates and tbf shaping, requirements, running ``ip`` /
-``tc``, and removing what killed runs left behind. Standard library only.
+"""Namespaces and links: names, requirements, running ``ip`` / ``tc``, doing things inside a
+namespace, and removing what killed runs left behind. Standard library only.
 
 Example::
 
-    check_requirements()              # NetnsError unless root with iproute2
-    parse_rate("100mbit")             # 100000000
-    cleanup_stale()                   # remove leftovers of killed runs
+    check_requirements()                          # NetnsError unless root with iproute2
+    write_sysctls("bgn42ar0", {"net/ipv4/tcp_congestion_control": "cubic"})
+    cleanup_stale()                               # remove leftovers of killed runs
 """
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import logging
-import math
 import os
 import re
 import shutil
@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import threading
+from typing import Callable, Mapping, TypeVar
 
 logger = logging.getLogger(__name__)
 
@@ -37,115 +38,16 @@ _IFNAMSIZ = 15
 _counter = itertools.count()
 _counter_lock = threading.Lock()
 
-# name = bgn<pid><letter><kind><index>; kind: r = namespace, h = bridge-side veth, br = bridge
-_NAME_RE = re.compile(r"^bgn(?P<pid>\d+)(?P<seq>[a-z])(?P<kind>r|h|br)(?P<idx>\d*)$")
+_CLONE_NEWNET = 0x40000000
+_T = TypeVar("_T")
+
+# name = bgn<pid><letter><kind><index>; kind: r = a rank's namespace, rt = the router's
+# namespace, h = the host-side veth (on the bridge, or in the router), br = the bridge
+_NAME_RE = re.compile(r"^bgn(?P<pid>\d+)(?P<seq>[a-z])(?P<kind>rt|r|h|br)(?P<idx>\d*)$")
 
 
 class NetnsError(RuntimeError):
     """Setting up or tearing down the namespaces failed, or the machine can't do it."""
-
-
-# --------------------------------------------------------------------------------------------
-# rates and shaping parameters
-# --------------------------------------------------------------------------------------------
-
-_RATE_UNITS = {
-    # bits per second (tc's names; SI units are powers of 1000, IEC ones of 1024)
-    "bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
-    "kibit": 1024, "mibit": 1024**2, "gibit": 1024**3, "tibit": 1024**4,
-    # bytes per second
-    "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12,
-    "kibps": 8 * 1024, "mibps": 8 * 1024**2, "gibps": 8 * 1024**3, "tibps": 8 * 1024**4,
-}
-_RATE_RE = re.compile(r"^\s*(?P<num>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[a-z]*)\s*$", re.IGNORECASE)
-
-
-def parse_rate(rate: str | int | float | None) -> int | None:
-    """Parse a tc-style rate into bits per second; ``None``/"none"/"off" mean unshaped.
-
-    Args:
-        rate: e.g. "100mbit", "1gbit", "12.5mbps" (bytes/s), "500kbit"; a bare number or an
-            int/float is bits per second, as in tc.
-    Returns:
-        bits per second (int > 0), or None for no shaping.
-    Raises:
-        ValueError: the string is not a rate.
-
-    Example: ``parse_rate("100mbit") == 100_000_000``
-    """
-    if rate is None:
-        return None
-    if isinstance(rate, (int, float)) and not isinstance(rate, bool):
-        value = float(rate)
-        text = repr(rate)
-    elif isinstance(rate, str):
-        text = rate
-        if rate.strip().lower() in ("none", "off", "unlimited", "no"):
-            return None
-        m = _RATE_RE.match(rate)
-        unit = m.group("unit").lower() if m else ""
-        if not m or (unit and unit not in _RATE_UNITS):
-            raise ValueError(
-                f"rate must be a number with a tc unit ({', '.join(sorted(_RATE_UNITS))}) "
-                f"or 'none', e.g. '100mbit'; got {rate!r}"
-            )
-        value = float(m.group("num")) * _RATE_UNITS[unit or "bit"]
-    else:
-        raise ValueError(f"rate must be a string like '100mbit', a number or None; got {rate!r}")
-    bits = int(round(value))
-    if not math.isfinite(value) or bits < 8000:
-        raise ValueError(f"rate must be at least 8kbit (1000 bytes/s); got {text}")
-    return bits
-
-
-class Shaping:
-    """The tbf parameters applied to each veth leg (both directions) for one rate.
-
-    Attributes:
-        rate_bit: the cap in bits/s.
-        burst_bytes: token bucket size. Must be >= rate/HZ or the cap is not reached on kernels
-            that refill per tick; we take 10 ms worth (rate/100, right even at HZ=100), but at
-            least 16 KiB (>= 10 full-size frames) so small rates still pass whole frames.
-        limit_bytes: queue length in bytes: burst + 100 ms at the rate (at least 64 KiB), so
-            TCP can keep the link busy without building a huge queue.
-    """
-
-    def __init__(self, rate_bit: int) -> None:
-        self.rate_bit = int(rate_bit)
-        rate_bytes = self.rate_bit / 8.0
-        self.burst_bytes = max(int(math.ceil(rate_bytes / 100.0)), 16 * 1024)
-        self.limit_bytes = self.burst_bytes + max(int(rate_bytes * 0.1), 64 * 1024)
-
-    def tc_args(self) -> list[str]:
-        """Arguments after ``tc qdisc add dev X root``."""
-        return [
-            "tbf",
-            "rate", f"{self.rate_bit}bit",
-            "burst", str(self.burst_bytes),
-            "limit", str(self.limit_bytes),
-        ]
-
-    def __repr__(self) -> str:
-        return (
-            f"Shaping(rate={format_rate(self.rate_bit)}, burst={self.burst_bytes}B, "
-            f"limit={self.limit_bytes}B)"
-        )
-
-
-def format_rate(bits: int | None) -> str:
-    """``100000000 -> "100mbit"``; None -> "unlimited"."""
-    if bits is None:
-        return "unlimited"
-    for unit, scale in (("tbit", 10**12), ("gbit", 10**9), ("mbit", 10**6), ("kbit", 10**3)):
-        if bits >= scale and (bits * 1000) % scale == 0:
-            return f"{bits // scale if bits % scale == 0 else bits / scale}{unit}"
-    return f"{bits}bit"
-
-
-def shaping_for(rate: str | int | float | None) -> Shaping | None:
-    """The :class:`Shaping` used for ``rate`` (None when unshaped)."""
-    bits = parse_rate(rate)
-    return None if bits is None else Shaping(bits)
 
 
 # --------------------------------------------------------------------------------------------
@@ -178,6 +80,99 @@ def _cmd(*args: str, check: bool = True) -> subprocess.CompletedProcess:
             f"{(proc.stderr or proc.stdout).strip()}"
         )
     return proc
+
+
+def in_namespace(namespace: str, fn: Callable[[], _T]) -> _T:
+    """``fn()`` called on a short-lived thread inside network namespace ``namespace``.
+
+    setns changes only the calling thread's namespace, so no process is started; what ``fn``
+    opens there (a /proc/thread-self/net file, a socket, /dev/net/tun) stays in that namespace
+    after the thread is gone. Its exception is raised here.
+
+    Example: ``in_namespace("bgn42ar0", lambda: open("/proc/thread-self/net/snmp", "rb"))``
+    """
+    result: list[_T] = []
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = os.open(f"/run/netns/{namespace}", os.O_RDONLY)
+            try:
+                if libc.setns(fd, _CLONE_NEWNET) != 0:
+                    errno = ctypes.get_errno()
+                    raise OSError(errno, f"setns into {namespace}: {os.strerror(errno)}")
+            finally:
+                os.close(fd)
+            result.append(fn())
+        except BaseException as e:  # handed to the caller below
+            failure.append(e)
+
+    thread = threading.Thread(target=target, name=f"in-{namespace}")
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return result[0]
+
+
+def write_sysctls(namespace: str, values: Mapping[str, str | int]) -> None:
+    """Set per-namespace sysctls (paths under /proc/sys) inside ``namespace``.
+
+    Raises:
+        NetnsError: one could not be written (naming it and the value).
+
+    Example: ``write_sysctls("bgn42ar0", {"net/ipv4/tcp_rmem": "4096 131072 8388608"})``
+    """
+
+    def write() -> None:
+        for path, value in values.items():
+            try:
+                with open(f"/proc/sys/{path}", "w") as f:
+                    f.write(str(value))
+            except OSError as e:
+                raise NetnsError(
+                    f"cannot set {path.replace('/', '.')} = {value} in namespace {namespace}: "
+                    f"{e.strerror}; check the value (e.g. the congestion control is in "
+                    f"/proc/sys/net/ipv4/tcp_available_congestion_control)"
+                ) from e
+
+    in_namespace(namespace, write)
+
+
+def allow_congestion_control(name: str) -> None:
+    """Let network namespaces other than the host's pick TCP congestion control ``name``.
+
+    The kernel lets a namespace set only the algorithms in the host's
+    ``net.ipv4.tcp_allowed_congestion_control`` (here "reno bbr": no cubic), so a missing one is
+    appended to that list: a host-wide change, but one that only allows (no default changes).
+
+    Raises:
+        NetnsError: the algorithm is not loaded, naming the module to load.
+
+    Example: ``allow_congestion_control("cubic")``
+    """
+    base = "/proc/sys/net/ipv4/tcp_"
+    with open(f"{base}allowed_congestion_control") as f:
+        allowed = f.read().split()
+    if name in allowed:
+        return
+    with open(f"{base}available_congestion_control") as f:
+        available = f.read().split()
+    if name not in available:
+        raise NetnsError(
+            f"TCP congestion control {name!r} is not available (available: {' '.join(available)}); "
+            f"choose one of those or load it with `modprobe tcp_{name}`"
+        )
+    try:
+        with open(f"{base}allowed_congestion_control", "w") as f:
+            f.write(" ".join(allowed + [name]))
+    except OSError as e:
+        raise NetnsError(
+            f"cannot add {name!r} to net.ipv4.tcp_allowed_congestion_control "
+            f"({' '.join(allowed)}): {e.strerror}; namespaces may only use those"
+        ) from e
+    logger.info("added %s to net.ipv4.tcp_allowed_congestion_control so namespaces may use it", name)
 
 
 def _link_exists(name: str) -> bool:

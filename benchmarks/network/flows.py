@@ -1,7 +1,7 @@
-"""Per-connection caps for ``benchmarks/netns.py``: htb trees with one leaf per TCP connection.
+"""Per-connection caps of an emulated network: htb trees with one leaf per TCP connection.
 
 Clouds cap a single TCP flow far below the NIC's rate; this emulates that. Each link (the veth
-egress inside a namespace, and the bridge-side leg's egress towards it) gets::
+egress inside a namespace, and the host-side leg's egress towards it) gets::
 
     1:      htb root; traffic no filter matches goes to 1:2
     1:1     the aggregate            rate = ceil = rate
@@ -32,16 +32,16 @@ Example::
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import math
-import os
 import socket
 import struct
 import subprocess
 import threading
 import time
 from typing import IO, NamedTuple, Sequence
+
+from .namespaces import in_namespace
 
 __all__ = [
     "MAX_LEAVES",
@@ -62,7 +62,6 @@ _DEFAULT_MINOR = 2
 _FIRST_FLOW_MINOR = 0x100  # class 1:101 is slot 1; slot s is also the u32 filter's node 800::s
 _MIN_BURST_BYTES = 64 * 1024  # >= one GSO packet from a veth (up to 64 KiB)
 _QUANTUM_BYTES = 64 * 1024  # equal quanta: connections borrowing from 1:1 share it equally
-_CLONE_NEWNET = 0x40000000
 # /proc/net/tcp states during which data may still flow (ESTABLISHED, FIN_WAIT1, FIN_WAIT2,
 # CLOSE_WAIT, LAST_ACK, CLOSING); SYN_*, TIME_WAIT, CLOSE and LISTEN have no leaf.
 _LIVE_STATES = frozenset({0x01, 0x04, 0x05, 0x08, 0x09, 0x0B})
@@ -74,11 +73,13 @@ class FlowShapingError(RuntimeError):
 
 
 class Link(NamedTuple):
-    """A namespace's leg: ``device`` inside ``namespace``, its bridge-side peer ``host_leg``."""
+    """A namespace's leg: ``device`` inside ``namespace``, its peer ``host_leg`` on the host side
+    (on the bridge in the root namespace, or in the router's namespace ``host_namespace``)."""
 
     namespace: str
     device: str
     host_leg: str
+    host_namespace: str | None = None
 
 
 class Connection(NamedTuple):
@@ -225,36 +226,22 @@ def _tcp_counters(snmp: bytes) -> tuple[int, ...]:
 
 
 def _open_in_namespace(namespace: str, paths: Sequence[str]) -> list[IO[bytes]]:
-    """Open /proc/thread-self/net/<path> of ``namespace``: the files keep reading that namespace.
+    """Open /proc/thread-self/net/<path> of ``namespace``: the files keep reading that namespace."""
 
-    A short-lived thread enters the namespace (setns changes only the calling thread's network
-    namespace) and opens them; no process is started per poll.
-    """
-    files: list[IO[bytes]] = []
-    failure: list[BaseException] = []
-
-    def opener() -> None:
+    def opener() -> list[IO[bytes]]:
+        files: list[IO[bytes]] = []
         try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            fd = os.open(f"/run/netns/{namespace}", os.O_RDONLY)
-            try:
-                if libc.setns(fd, _CLONE_NEWNET) != 0:
-                    errno = ctypes.get_errno()
-                    raise OSError(errno, f"setns into {namespace}: {os.strerror(errno)}")
-            finally:
-                os.close(fd)
             files.extend(open(f"/proc/thread-self/net/{p}", "rb", buffering=0) for p in paths)
-        except BaseException as e:  # handed to the caller below
-            failure.append(e)
+        except BaseException:
+            for opened in files:
+                opened.close()
+            raise
+        return files
 
-    thread = threading.Thread(target=opener, name=f"open-{namespace}")
-    thread.start()
-    thread.join()
-    if failure:
-        for f in files:
-            f.close()
-        raise FlowShapingError(f"cannot read the TCP tables of namespace {namespace}: {failure[0]}")
-    return files
+    try:
+        return in_namespace(namespace, opener)
+    except OSError as e:
+        raise FlowShapingError(f"cannot read the TCP tables of namespace {namespace}: {e}") from e
 
 
 def _read(f: IO[bytes]) -> bytes:
@@ -330,7 +317,7 @@ class FlowWatcher(threading.Thread):
         """Build the tree on both ends of every link and open the namespaces' TCP tables."""
         for link in self.links:
             _tc_batch(self.shaping.tree(link.device), link.namespace)
-            _tc_batch(self.shaping.tree(link.host_leg))
+            _tc_batch(self.shaping.tree(link.host_leg), link.host_namespace)
             self._states.append(_LinkState(link))
 
     def leaves(self, link_index: int) -> dict[Connection, str]:
@@ -397,6 +384,6 @@ class FlowWatcher(threading.Thread):
             inside += self.shaping.add_leaf(link.device, slot, conn.match(outgoing=True))
             outside += self.shaping.add_leaf(link.host_leg, slot, conn.match(outgoing=False))
         _tc_batch(inside, link.namespace)
-        _tc_batch(outside)
+        _tc_batch(outside, link.host_namespace)
         with self._lock:
             state.slots = slots
