@@ -45,14 +45,16 @@ def ours(net: ShapedNetwork) -> tuple[list[str], list[str]]:
     return ns, links
 
 
-def probe(net: ShapedNetwork, connections: int, megabytes: float) -> dict[str, str]:
+def probe(
+    net: ShapedNetwork, connections: int, megabytes: float, warmup_megabytes: float = 0.0
+) -> dict[str, str]:
     """Run the TCP probe on ``net`` (ranks > 0 send to rank 0); its result fields.
 
     Example: ``float(probe(net, 8, 2.0)["mbit_s"])``
     """
     net.run(
         [sys.executable, str(PROBES), "tcp", "--connections", str(connections),
-         "--megabytes", str(megabytes)],
+         "--megabytes", str(megabytes), "--warmup-megabytes", str(warmup_megabytes)],
         timeout=30, echo=False,
     )
     return parse_result(net.outputs[0])
