@@ -190,12 +190,14 @@ class ShapedNetwork:
         self.subnet = random.SystemRandom().randrange(256) if subnet is None else subnet
 
         # bgn<pid><letter>: the letter tells apart networks made by one process; skip one
-        # whose bridge still exists (a network of ours that is alive or was not torn down).
+        # whose bridge or first namespace still exists (a network of ours that is alive or was
+        # not torn down).
         with _counter_lock:
             for _ in range(26):
                 letter = chr(ord("a") + next(_counter) % 26)
                 self.prefix = f"{PREFIX}{os.getpid()}{letter}"
-                if not _link_exists(f"{self.prefix}br"):
+                if not (_link_exists(f"{self.prefix}br")
+                        or os.path.exists(f"/run/netns/{self.prefix}r0")):
                     break
         self.namespaces = [f"{self.prefix}r{i}" for i in range(ranks)]
         self.host_legs = [f"{self.prefix}h{i}" for i in range(ranks)]

@@ -137,6 +137,16 @@ def test_delay_each_way_tcp_fills_the_link_and_nothing_is_dropped():
 
 @needs_netns
 @pytest.mark.timeout(30)
+def test_per_flow_caps_hold_on_the_router_legs():
+    with ShapedNetwork(2, rate="100mbit", per_flow_rate="25mbit", delay="2") as net:
+        assert net.flow_watcher.links[0].host_namespace == net.router.namespace
+        tcp = probe(net, connections=2, megabytes=2, warmup_megabytes=0.5)
+    per_connection = [float(m) for m in tcp["per_connection_mbit_s"].split(",")]
+    assert all(0.7 * 25 <= m <= 1.1 * 25 for m in per_connection), tcp
+
+
+@needs_netns
+@pytest.mark.timeout(30)
 def test_jitter_spreads_the_delay():
     with ShapedNetwork(2, rate=None, delay="5/2") as net:
         forward, back = _udp_probe(net, count=40).values()
