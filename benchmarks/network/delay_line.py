@@ -10,7 +10,8 @@ writes it back, and the router forwards it to its destination. What keeps it fai
   up to 64 KB cross whole (a 2 MB transfer is a few hundred packets, not 1400); every frame is
   written back exactly as read, its virtio-net header included;
 - packets of one (source, destination) pair leave in the order they came, whatever the jitter
-  (TCP takes reordering for loss), so a packet waits at least until the one before it left;
+  (TCP takes reordering for loss), so a packet waits at least until the one before it left: a
+  lone packet sees the uniform spread, a dense stream's packets drift towards delay + jitter;
 - the process asks for ``SCHED_FIFO`` (as ``chrt -f`` would): at normal priority, release
   lateness on a loaded 2-core box reached 3.3 ms p99, under SCHED_FIFO 0.1 ms.
 
