@@ -19,7 +19,7 @@ import time
 import pytest
 
 from benchmarks import netns
-from benchmarks.network import Delay, NetnsError, ShapedNetwork, tcp_buffer_bytes
+from benchmarks.network import Delay, NetnsError, ShapedNetwork, cleanup_stale, tcp_buffer_bytes
 from benchmarks.network.delay_line import DelayLine
 from benchmarks.network.probes import parse_result
 from tests.comm._netns import PROBES, REPO, needs_netns, ours, probe
@@ -94,6 +94,20 @@ def test_delay_line_drops_and_counts_what_exceeds_its_limit():
     assert line.release(now=1.0) is None
     assert line.stats()["packets"] == 3 and line.stats()["dropped"] == 7
     assert [ours_end.recv(100) for _ in range(3)] == [frame] * 3
+
+
+def _wait_for_exit(pid: int, seconds: float = 5.0) -> None:
+    """Wait until ``pid`` is gone or a zombie (dead, waiting for its parent to reap it)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return
+        except FileNotFoundError:
+            return
+        assert time.monotonic() < deadline, f"process {pid} still running"
+        time.sleep(0.02)
 
 
 def _ranks_sysctls(net: ShapedNetwork) -> list[str]:
@@ -174,6 +188,39 @@ def test_teardown_leaves_nothing_after_an_error_or_a_dead_delay_line():
             os.kill(net.router.pid, signal.SIGKILL)
             net.router.process.wait(timeout=5)
     assert ours(net) == ([], [])
+
+    net = ShapedNetwork(2, rate=None, delay="1", tcp_cc="nosuchcc")  # fails after the router
+    with pytest.raises(NetnsError, match="'nosuchcc' is not available"):
+        with net:
+            pass
+    assert net.router.pid is not None
+    with pytest.raises(ProcessLookupError):
+        os.kill(net.router.pid, 0)
+    assert ours(net) == ([], [])
+
+
+@needs_netns
+@pytest.mark.timeout(40)
+def test_cleanup_removes_what_a_killed_launcher_left_with_its_delay_line():
+    launcher = subprocess.Popen(
+        [sys.executable, str(REPO / "benchmarks" / "netns.py"), "--ranks", "2", "--delay", "1",
+         "--", "sleep", "60"],
+        stderr=subprocess.PIPE, text=True, cwd=REPO,
+    )
+    try:
+        banner = launcher.stderr.readline()  # printed once the network is up
+        prefix = banner.split("prefix ")[1].split()[0]
+        pids = subprocess.run(["ip", "netns", "pids", f"{prefix}rt"], capture_output=True,
+                              text=True, check=True).stdout.split()
+        assert len(pids) == 1  # the delay line
+    finally:
+        launcher.kill()
+        launcher.wait()
+    removed = cleanup_stale()
+    assert {f"{prefix}rt", f"{prefix}r0", f"{prefix}r1"} <= set(removed)
+    _wait_for_exit(int(pids[0]))  # killed; reaped by init, as the launcher is gone
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert prefix not in listed
 
 
 @needs_netns
