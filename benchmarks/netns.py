@@ -31,29 +31,11 @@ from typing import Sequence
 if not __package__:  # run as a script, or imported with benchmarks/ on the path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.network import (DEFAULT_MASTER_PORT, DEFAULT_TCP_CC, DEFAULT_TIMEOUT,  # noqa: E402
-                                IFNAME_IN_NS, MAX_RANKS, PREFIX, Delay, NetnsError,
-                                RankFailedError, RankTimeoutError, ShapedNetwork, Shaping,
-                                check_requirements, cleanup_stale, format_rate, parse_rate,
-                                shaping_for)
+from benchmarks import network  # noqa: E402
+from benchmarks.network import *  # noqa: E402,F403 (this module re-exports the package's names)
+from benchmarks.network import DEFAULT_MASTER_PORT, DEFAULT_TCP_CC, DEFAULT_TIMEOUT  # noqa: E402
 
-__all__ = [
-    "IFNAME_IN_NS",
-    "MAX_RANKS",
-    "PREFIX",
-    "Delay",
-    "NetnsError",
-    "RankFailedError",
-    "RankTimeoutError",
-    "ShapedNetwork",
-    "Shaping",
-    "check_requirements",
-    "cleanup_stale",
-    "format_rate",
-    "parse_rate",
-    "shaping_for",
-    "main",
-]
+__all__ = [*network.__all__, "main"]  # the package's names, for users of this module
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -107,3 +107,12 @@ def local_redis_pid(cache_dir) -> int | None:
         return None
     finally:
         client.close()
+
+
+@pytest.fixture(params=["lmdb", "redis"])
+def backend(request, tmp_path, redis_servers):
+    """(backend, store kwargs) for a store of each kind, private to the test: an LMDB directory,
+    or a real redis-server; it outlives each CachedDataset built on it."""
+    if request.param == "lmdb":
+        return "lmdb", {"path": str(tmp_path / "lmdb")}
+    return "redis", {"hosts": [redis_servers.start()]}

@@ -21,14 +21,6 @@ from tests.data._fingerprint_samples import FingerprintsInWorker, numbers_with
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(params=["lmdb", "redis"])
-def backend(request, tmp_path, redis_servers):
-    """(backend, store kwargs) for a store that outlives each CachedDataset built on it."""
-    if request.param == "lmdb":
-        return "lmdb", {"path": str(tmp_path / "lmdb")}
-    return "redis", {"hosts": [redis_servers.start()]}
-
-
 def _read_all(transform: str, backend, **kwargs):
     name, kw = backend
     src = numbers_with(transform)

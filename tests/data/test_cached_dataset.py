@@ -16,14 +16,6 @@ from tests.payloads import RunsCodeWhenUnpickled
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(params=["lmdb", "redis"])
-def backend(request, tmp_path, redis_servers):
-    """(backend, store kwargs) for a fresh store of each kind."""
-    if request.param == "lmdb":
-        return "lmdb", {"path": str(tmp_path / "lmdb")}
-    return "redis", {"hosts": [redis_servers.start()]}
-
-
 def test_same_values_and_types_over_epochs(backend):
     name, kw = backend
     src = SampleDataset(50)
