@@ -48,6 +48,9 @@ BASELINE = "torch-ddp"
 VARIANTS = [BASELINE, "gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam"]
 TIMED_ON_EVERY_LINK = {"async"}  # results depend on timing: trained in full on every link
 LONGER = 1.3  # the other variants train this many times DDP's steps: the issue's bound for "reaches the target"
+# steps of a first phase that runs otherwise (qadam's fp32 warm-up: train_lm's --warmup-steps):
+# a timed run covers them, then timing steps of the steady phase
+PHASE_STEPS = {"qadam": 50}
 TIE = 1e-4  # a loss within this relative distance of the target reaches it (exact algorithms differ in last bits on 4 ranks)
 # model and run sizes: (flags for train_lm.py, steps, eval every, timing steps)
 SIZES = {
@@ -122,7 +125,19 @@ def loss_at_time(curve: list, seconds: float) -> float:
     return seen[-1] if seen else curve[0][4]
 
 
-def analyse(jobs: dict[str, dict], links: list[str], steps: int, warmup: int) -> dict[str, Any]:
+def _timed_curve(curve: list, step_times: list[float], steady: float, warmup: int) -> list:
+    """A curve trained on another link, put on this link's clock: step k ends at the sum of this
+    link's first k step times (the timed run's, its first ``warmup`` steps and any beyond it taken
+    as ``steady``), so a phase like qadam's fp32 warm-up costs what it cost here."""
+    last = curve[-1][0]
+    times = [steady] * warmup + list(step_times[warmup:]) + [steady] * max(0, last - len(step_times))
+    ends = [0.0]
+    for t in times[:last]:
+        ends.append(ends[-1] + t)
+    return [(st, ends[st], tok, tr, val) for st, _, tok, tr, val in curve]
+
+
+def analyse(jobs: dict[str, dict], links: list[str], steps: int, warmup: int, timing: int) -> dict[str, Any]:
     """Per link and variant: the curve in training seconds and the time-to-target figures."""
     curve_link = links[0]
     base = jobs[curve_link][BASELINE]
@@ -132,9 +147,8 @@ def analyse(jobs: dict[str, dict], links: list[str], steps: int, warmup: int) ->
         table[link] = {}
         for name, own in jobs[link].items():
             trained = own if (link == curve_link or name in TIMED_ON_EVERY_LINK) else jobs[curve_link][name]
-            step_s = statistics.median(own["step_times"][warmup:] or own["step_times"])
-            scale = 1.0 if trained is own else step_s / statistics.median(trained["step_times"][warmup:])
-            curve = [(st, secs * scale, tok, tr, val) for st, secs, tok, tr, val in trained["curve"]]
+            step_s = statistics.median(own["step_times"][-timing:] if trained is not own else own["step_times"][warmup:])
+            curve = trained["curve"] if trained is own else _timed_curve(trained["curve"], own["step_times"], step_s, warmup)
             table[link][name] = {"curve": curve, "step_s": step_s, "val_at_steps": loss_at_step(curve, steps),
                                  "reached": first_reaching(curve, target), "timed_only": trained is not own}  # fmt: skip
         ddp_time = table[link][BASELINE]["curve"][-1][1]
@@ -200,8 +214,8 @@ def run_driver(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     for i, link in enumerate(args.links):
         longer = int(steps * LONGER)
-        plan = [(v, timing_steps if (i and v not in TIMED_ON_EVERY_LINK) else steps if v == BASELINE else longer)
-                for v in args.variants]
+        plan = [(v, timing_steps + PHASE_STEPS.get(v, 0) if (i and v not in TIMED_ON_EVERY_LINK)
+                 else steps if v == BASELINE else longer) for v in args.variants]  # fmt: skip
         cmd = [sys.executable, str(HERE / "netns.py"), "--ranks", str(args.ranks), "--rate", link,
                "--timeout", str(args.timeout), "--", sys.executable, str(Path(__file__)), "--worker",
                "--link", link, "--size", args.size, "--cache-dir", args.cache_dir,
@@ -212,9 +226,9 @@ def run_driver(args: argparse.Namespace) -> int:
             logger.error("the %s job failed; no report", link)
             return 1
         jobs[link] = job["results"]
-    result = analyse(jobs, args.links, steps, warmup=3)
+    result = analyse(jobs, args.links, steps, warmup=3, timing=timing_steps)
     result.update(ranks=args.ranks, size=args.size, model_flags=flags, elapsed_s=time.monotonic() - t0,
-                  date=time.strftime("%Y-%m-%d %H:%M"))  # fmt: skip
+                  date=time.strftime("%Y-%m-%d %H:%M"), jobs=jobs)  # fmt: skip (jobs: every run as measured)
     out = HERE / "results" / f"time_to_accuracy{'_quick' if args.size == 'quick' else ''}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
