@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorData
 from tqdm import tqdm
 
 import bagua
+from replicas import average_parameters, parameters_identical_on_all_ranks
 
 ALGORITHMS = ("gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam")
 
@@ -129,16 +130,6 @@ def accuracy(model: torch.nn.Module, data: TensorDataset) -> float:
     return acc
 
 
-def parameters_identical_on_all_ranks(params: list[torch.Tensor]) -> bool:
-    """Exact check: the elementwise MAX and MIN over ranks agree only if every rank holds
-    the very same values."""
-    flat = torch.cat([p.detach().reshape(-1) for p in params])
-    hi, lo = flat.clone(), flat.clone()
-    bagua.comm.allreduce(hi, op=bagua.comm.ReduceOp.MAX)
-    bagua.comm.allreduce(lo, op=bagua.comm.ReduceOp.MIN)
-    return torch.equal(hi, lo)
-
-
 def make_algorithm(name: str, optimizer: torch.optim.Optimizer) -> bagua.algorithms.Algorithm:
     if name == "qadam":
         return bagua.algorithms.QAdamAlgorithm(optimizer)
@@ -155,13 +146,6 @@ def make_optimizer(name: str, params, lr, fuse: bool = True) -> torch.optim.Opti
     # Parameters, gradients and momentum in flat buffers: fuse_step() updates them all at once
     # (fuse before wrapping: the wrapper then communicates the same flat gradient buffer).
     return bagua.optim.fuse_optimizer(optimizer) if fuse else optimizer
-
-
-@torch.no_grad()
-def average_parameters(params: list[torch.Tensor]) -> None:
-    """One exact average of the weights over all ranks (for algorithms that leave them apart)."""
-    for p in params:
-        bagua.comm.allreduce(p, op=bagua.comm.ReduceOp.AVG)
 
 
 def train(args: argparse.Namespace, log=print) -> dict:

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from replicas import average_parameters, parameters_identical_on_all_ranks  # noqa: E402
 from stdlib_corpus import VOCAB, StdlibDocuments, pad_batch  # noqa: E402
 
 import bagua  # noqa: E402
@@ -171,14 +172,6 @@ def validation_loss(model, val: StdlibDocuments, n_docs: int, rank: int, world: 
     return float(total[0] / total[1])
 
 
-def parameters_identical(params: list[torch.Tensor]) -> bool:
-    flat = torch.cat([p.detach().reshape(-1) for p in params])
-    hi, lo = flat.clone(), flat.clone()
-    bagua.comm.allreduce(hi, op=bagua.comm.ReduceOp.MAX)
-    bagua.comm.allreduce(lo, op=bagua.comm.ReduceOp.MIN)
-    return torch.equal(hi, lo)
-
-
 # ---- the loop ----------------------------------------------------------------------------------
 
 def train(args: argparse.Namespace, log=print) -> dict:
@@ -238,13 +231,11 @@ def train(args: argparse.Namespace, log=print) -> dict:
         epoch += 1
     bar.close()
     wall = time.perf_counter() - start - eval_time
-    identical = parameters_identical(list(model.parameters()))
+    identical = parameters_identical_on_all_ranks(list(model.parameters()))
     if isinstance(algorithm, bagua.algorithms.AsyncModelAverageAlgorithm):
         algorithm.abort(ddp)  # stops the background averaging on every rank, identical weights
     elif not identical:
-        with torch.no_grad():
-            for p in model.parameters():
-                bagua.comm.allreduce(p, op=bagua.comm.ReduceOp.AVG)
+        average_parameters(list(model.parameters()))
     final = validation_loss(model, val_set, args.val_docs, rank, world)
     if algorithm is not None:
         ddp.close()
