@@ -322,4 +322,4 @@ def _profile_host(runs: dict, step: Callable[[str, int], None], bound: str) -> N
                 step(kind, i)
             _sync()
         print(f"\n## {bound}: {kind} DDP, 3 steps, by self CPU time")
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))

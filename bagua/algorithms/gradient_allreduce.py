@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..comm import (
-    BaguaProcessGroup, Bucket, NodeGroups, ReduceOp, allreduce, compressed_allreduce, get_default_group, new_node_groups,
+    BaguaProcessGroup, Bucket, NodeGroups, ReduceOp, compressed_allreduce, get_default_group, new_node_groups,
 )
 from ..comm.compressed import SEGMENT_ELEMS
 from ..comm.hierarchical import hierarchical_allreduce
@@ -55,7 +55,7 @@ def append_gradient_allreduce(
                                                         segment_elems=segment_elems),
                          f"allreduce[{compression}]")
     else:
-        bucket.append_op(lambda b: allreduce(b.flat, op=op, group=process_group), "allreduce[exact]")
+        bucket.append_allreduce(op=op, group=process_group)
 
 
 def hierarchical_node_groups(process_group: BaguaProcessGroup) -> NodeGroups:

@@ -20,7 +20,8 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 
 from .collectives import Handle, ReduceOp, allreduce, broadcast
-from .process_group import BaguaProcessGroup
+from .host_staging import moves_cuda_with_gloo
+from .process_group import BaguaProcessGroup, get_default_group
 
 BucketOp = Callable[["Bucket"], Optional[Handle]]
 
@@ -71,6 +72,7 @@ class Bucket:
         self.numels = [t.numel() for t in tensors]
         self.tensors = tensors
         self._ops: list[tuple[str, BucketOp]] = []
+        self._launch_only = False  # whether the chain is one op that only enqueues a collective
         region = _shared_region(tensors) if rebind else None
         #: the flat buffer is a stretch of someone else's (adopted), not this bucket's own
         self.adopted = region is not None
@@ -132,10 +134,21 @@ class Bucket:
         """Names of the appended ops, in run order."""
         return [name for name, _ in self._ops]
 
-    def append_op(self, op: BucketOp, name: Optional[str] = None) -> "Bucket":
-        """Append ``op(bucket)``; it runs after the ops appended before it. Returns self."""
+    @property
+    def launches_only(self) -> bool:
+        """Whether running the ops only enqueues one collective and returns its ``Handle``,
+        never blocking the host: then the engine runs them on the thread that makes the bucket
+        ready, with no hand-off to its communication thread."""
+        return self._launch_only and len(self._ops) == 1
+
+    def append_op(self, op: BucketOp, name: Optional[str] = None, launch_only: bool = False) -> "Bucket":
+        """Append ``op(bucket)``; it runs after the ops appended before it. Returns self.
+
+        ``launch_only``: the op only enqueues a collective and returns its ``Handle`` (an
+        ``async_op=True`` call that waits for nothing and copies nothing to the host)."""
         if not callable(op):
             raise TypeError(f"bucket {self.name!r}: op must be callable, got {type(op).__name__}")
+        self._launch_only = launch_only if not self._ops else False
         self._ops.append((name or getattr(op, "__name__", "op"), op))
         return self
 
@@ -149,7 +162,9 @@ class Bucket:
         def run(bucket: "Bucket") -> Handle:
             return allreduce(bucket.flat, op=op, group=group, compression=compression, async_op=True)
 
-        return self.append_op(run, f"allreduce[{compression or 'exact'}]")
+        # an exact allreduce by the group's own backend only enqueues (no host staging)
+        staged = self.device.type == "cuda" and moves_cuda_with_gloo(group or get_default_group())
+        return self.append_op(run, f"allreduce[{compression or 'exact'}]", launch_only=compression is None and not staged)
 
     def append_broadcast(self, src: int = 0, group: Optional[BaguaProcessGroup] = None) -> "Bucket":
         """Append a broadcast of the flat buffer from global rank ``src``."""
@@ -161,6 +176,7 @@ class Bucket:
     def clear_ops(self) -> None:
         """Forget the appended ops."""
         self._ops.clear()
+        self._launch_only = False
 
     def run_ops(self, defer_last: bool = False) -> Optional[Handle]:
         """Run the ops in order, now, on the calling thread.

@@ -9,6 +9,12 @@ became ready in, so all ranks issue the same collectives in the same sequence.
 re-raises the first error. On CUDA the chains run on a side stream that first waits
 for the work that produced the tensors.
 
+When every bucket's chain only enqueues one collective (``Bucket.launches_only``: an exact
+allreduce by the group's own backend), there is nothing for the thread to wait on: the engine
+enqueues each bucket's collective on the thread that made it ready, in the same bucket order,
+and ``wait()`` finishes them. No hand-off per bucket, which on a busy host costs more than the
+enqueueing itself.
+
 Example::
 
     engine = Engine([bucket0, bucket1])
@@ -85,6 +91,8 @@ class Engine:
         self._stream = None
         if any(b.device.type == "cuda" for b in self.buckets):
             self._stream = torch.cuda.Stream(device=self.buckets[0].device)
+        #: whether chains are enqueued on the marking thread (see the module docstring)
+        self.inline = all(b.launches_only for b in self.buckets)
         self._reset()
 
     def _verify_layout(self, group: BaguaProcessGroup) -> None:
@@ -110,10 +118,11 @@ class Engine:
         self._next = 0
         self._futures: list[tuple[Bucket, concurrent.futures.Future]] = []
         self._in_flight = None  # the last launched bucket's collective, not yet finished
+        self._enqueued: list[tuple[Bucket, object]] = []  # inline: each bucket's handle, or its error
 
     @property
     def launched(self) -> int:
-        """How many buckets of the current step have been handed to the communication thread."""
+        """How many buckets of the current step have been launched (enqueued, or handed to the communication thread)."""
         return self._next
 
     def mark_ready(self, tensor: torch.Tensor) -> None:
@@ -139,6 +148,9 @@ class Engine:
                 self._next += 1
 
     def _launch(self, bucket: Bucket) -> None:
+        if self.inline:
+            self._enqueued.append((bucket, self._enqueue(bucket)))
+            return
         event = None
         if self._stream is not None:
             event = torch.cuda.Event()
@@ -154,6 +166,32 @@ class Engine:
             with torch.cuda.stream(self._stream):
                 self._stream.wait_event(event)
                 self._pipeline(bucket.run_ops(defer_last=True))
+
+    def _enqueue(self, bucket: Bucket) -> object:
+        """Enqueue ``bucket``'s one collective here; its handle, or the error (raised by ``wait()``,
+        as from the communication thread, not inside backward)."""
+        try:
+            with checks.trusted():
+                if self._stream is None:
+                    return bucket.run_ops(defer_last=True)
+                self._stream.wait_stream(torch.cuda.current_stream(bucket.device))
+                with torch.cuda.stream(self._stream):
+                    return bucket.run_ops(defer_last=True)
+        except Exception as error:  # noqa: BLE001 - handed to wait()
+            return error
+
+    def _finish_enqueued(self) -> None:
+        for bucket, outcome in self._enqueued:
+            if isinstance(outcome, Exception):
+                raise outcome
+            if outcome is None:
+                continue
+            with checks.trusted():
+                if self._stream is None:
+                    outcome.wait()
+                else:
+                    with torch.cuda.stream(self._stream):
+                        outcome.wait()
 
     def _pipeline(self, handle) -> None:
         """Keep this bucket's last collective in flight and finish the previous bucket's: its
@@ -183,6 +221,7 @@ class Engine:
                 f"{b.name!r} (tensors {[i for i, ok in enumerate(r) if not ok]})"
                 for b, r in zip(self.buckets, self._ready) if not all(r)
             ]
+            self._finish_enqueued()
             if self._futures:  # the last bucket's collective, finished on the communication thread
                 self._futures.append((self._futures[-1][0], _comm_thread().submit(self._finish_in_flight)))
             for bucket, future in self._futures:

@@ -356,14 +356,15 @@ class DistributedDataParallel(torch.nn.Module):
 
     # --- backward -----------------------------------------------------------------------------
     def _make_grad_hook(self, name: str) -> Callable[[torch.Tensor], None]:
-        def hook(param: torch.Tensor) -> None:
+        def hook(param: torch.Tensor) -> None:  # per parameter and backward: kept lean
             view = self._grad_view.get(name)
             if view is not None:
                 gradient_into(param, view)  # a fresh gradient (after zero_grad(set_to_none=True))
             self._used.add(name)
             if not self._sync_backward:
                 return  # inside no_sync(), or a backward of no training forward
-            self._queue_end_of_backward()  # backward reached the parameter without the outputs
+            if not self._callback_queued:
+                self._queue_end_of_backward()  # backward reached the parameter without the outputs
             self.impl.on_tensor_ready(self, name, param)
 
         return hook
