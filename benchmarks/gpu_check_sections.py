@@ -267,14 +267,23 @@ def _compare_wrappers(section: dict, bagua, bound: str, layers: int, width: int,
     params = sum(p.numel() for p in model.parameters())
     what = f"{bound}: {described}, {params / 1e6:.1f}M parameters in {len(list(model.parameters()))} tensors, batch {shape[0]} x {shape[1]}"
 
-    def step(kind: str, i: int) -> None:
+    phases: dict[str, dict[str, list[float]]] = {k: {p: [] for p in ("forward", "zero_grad", "backward", "step")} for k in runs}
+
+    def step(kind: str, i: int) -> None:  # and the host time of each phase (enqueueing, no waiting)
         ddp, opt, losses = runs[kind]
+        t0 = time.perf_counter()
         with torch.autocast(DEVICE, dtype=torch.bfloat16):
             loss = _loss(ddp, data[i % len(data)])
+        t1 = time.perf_counter()
         opt.zero_grad()
+        t2 = time.perf_counter()
         loss.backward()
+        t3 = time.perf_counter()
         opt.step()
+        t4 = time.perf_counter()
         losses.append(loss.detach())
+        for phase, (a, b) in zip(phases[kind], ((t0, t1), (t1, t2), (t2, t3), (t3, t4))):
+            phases[kind][phase].append(1e3 * (b - a))
 
     for i in range(5):  # warm-up, and the same first losses from the same weights and data
         for kind in runs:
@@ -302,6 +311,8 @@ def _compare_wrappers(section: dict, bagua, bound: str, layers: int, width: int,
         measure(section, f"{what}: {kind} DDP step (median of {rounds} rounds of {steps_per_round})",
                 statistics.median(times[kind]), "ms")  # fmt: skip
         measure(section, f"{what}: {kind} DDP host time to enqueue a step (median)", statistics.median(host[kind]), "ms")
+        for phase, spent in phases[kind].items():  # the timed rounds' steps
+            measure(section, f"{bound}: {kind} DDP host time of {phase} (median)", statistics.median(spent[-steps_per_round * rounds:]), "ms")
     measure(section, f"{bound}: the lowest paired per-round ratio bagua/torch", min(paired), "x")
     measure(section, f"{bound}: the highest paired per-round ratio bagua/torch", max(paired), "x")
     ratio = statistics.median(paired)
