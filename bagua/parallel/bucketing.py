@@ -139,6 +139,40 @@ def _check_between_steps(ddp: "DistributedDataParallel", what: str) -> None:
         )
 
 
+def preset_gradient_views(ddp: "DistributedDataParallel") -> list[str]:
+    """At the start of a synced backward: in each bucket of gradients whose parameters all have
+    no gradient (after ``zero_grad()``), zero the flat buffer once and make each view its
+    parameter's ``.grad``, so that autograd accumulates straight into the bucket (no fresh
+    gradient to allocate, copy and rebind per parameter). The names preset; a parameter that then
+    gets no gradient is given None back (``restore_unreached``).
+
+    Example::
+
+        preset = preset_gradient_views(ddp)     # backward begins
+    """
+    preset: list[str] = []
+    if len({bucket.device for bucket in ddp.buckets}) > 1:
+        return preset  # one autograd thread per device: they could race on a .grad being set here
+    for bucket, names in zip(ddp.buckets, ddp._bucket_names):
+        params = [ddp._params[name] for name in names]
+        if any(p.grad is not None for p in params):
+            continue  # some gradients exist already (accumulation): the hooks move them in
+        if any(ddp._grad_view.get(name) is not view for name, view in zip(names, bucket.views)):
+            continue  # not a bucket of gradients (an algorithm that communicates weights)
+        bucket.flat.zero_()
+        for p, view in zip(params, bucket.views):
+            p.grad = view
+        preset += names
+    return preset
+
+
+def restore_unreached(ddp: "DistributedDataParallel", preset: list[str], unreached: set[str]) -> None:
+    """Give the parameters in ``preset`` that ended in ``unreached`` their None gradient back."""
+    for name in preset:
+        if name in unreached:
+            ddp._params[name].grad = None
+
+
 def gradient_into(p: torch.Tensor, view: torch.Tensor) -> None:
     """Make ``view`` (a bucket view or a fused optimizer's flat slot) ``p``'s gradient, copying
     ``p.grad`` (not None) into it unless it already lives there."""

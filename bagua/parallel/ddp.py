@@ -161,6 +161,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._sync_backward = False  # whether the running backward communicates (set by forward)
         self._buffers_sent = False  # whether this step's buffer broadcast has started
         self._marked: set[str] = set()
+        self._preset: list[str] = []  # gradients this backward made bucket views before it began
         self._used: set[str] = set()  # parameters that got a gradient since the last synced backward
         #: names of the parameters that got a gradient on this rank in the last synced step
         #: (its backward, and the accumulation before it); empty before the first
@@ -329,6 +330,8 @@ class DistributedDataParallel(torch.nn.Module):
     def _queue_end_of_backward(self, grad: Optional[torch.Tensor] = None) -> None:
         if not self._callback_queued and self._sync_backward:
             self._callback_queued = True
+            if grad is not None:  # from an output's hook: backward is beginning
+                self._preset = bucketing.preset_gradient_views(self)
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
 
     def prepare_for_backward(self, outputs: Any) -> None:
@@ -377,6 +380,7 @@ class DistributedDataParallel(torch.nn.Module):
             if self.impl.ready_on_backward(self):
                 unused = [n for n in self._slot if n not in self._marked]
                 if unused and not self.find_unused_parameters:
+                    bucketing.restore_unreached(self, self._preset, set(unused))
                     self._drain_engine()
                     raise RuntimeError(
                         f"bagua.DistributedDataParallel: {len(unused)} parameter(s) got no gradient in this "
@@ -389,9 +393,10 @@ class DistributedDataParallel(torch.nn.Module):
             if self._marked:
                 self.engine.wait()
             if self.find_unused_parameters and self.impl.ready_on_backward(self):
-                unused_parameters.adopt_averaged_gradients(self, unused)
+                unused_parameters.adopt_averaged_gradients(self, unused, self._preset)
         finally:
             self._marked.clear()
+            self._preset = []
         self._finish_synced_step()
 
     def _finish_synced_step(self) -> None:
@@ -447,6 +452,8 @@ class DistributedDataParallel(torch.nn.Module):
             self._buffer_broadcast.finish()
         self._callback_queued = False
         self._sync_backward = False
+        bucketing.restore_unreached(self, self._preset, set(self._preset) - self._used)
+        self._preset = []
         self._used.clear()
 
     # --- torch DDP's methods ----------------------------------------------------------------------

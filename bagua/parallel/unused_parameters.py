@@ -19,7 +19,7 @@ import torch
 
 from .. import comm
 from ..comm.checks import trusted
-from .bucketing import gradient_into
+from .bucketing import gradient_into, restore_unreached
 
 if TYPE_CHECKING:
     from .ddp import DistributedDataParallel
@@ -37,10 +37,12 @@ def contribute(ddp: "DistributedDataParallel", name: str) -> None:
         gradient_into(p, view)
 
 
-def adopt_averaged_gradients(ddp: "DistributedDataParallel", locally_unused: list[str]) -> None:
+def adopt_averaged_gradients(ddp: "DistributedDataParallel", locally_unused: list[str], preset: list[str]) -> None:
     """After the buckets: a parameter some rank used gets the averaged gradient; one no rank
-    used keeps its gradient untouched (None stays None), as with torch DDP."""
+    used keeps its gradient untouched (None stays None, also where backward began by presetting
+    it to its bucket view, ``preset``), as with torch DDP."""
     if ddp.comm_group.size == 1:
+        restore_unreached(ddp, preset, set(locally_unused))
         return
     names = list(ddp._slot)
     used = torch.tensor([name in ddp._used for name in names], dtype=torch.int32)
@@ -50,3 +52,4 @@ def adopt_averaged_gradients(ddp: "DistributedDataParallel", locally_unused: lis
     for name, anyone in zip(names, used.tolist()):
         if anyone and name in unused and name in ddp._grad_view:
             ddp.for_algorithms.parameter(name).grad = ddp._grad_view[name]
+    restore_unreached(ddp, preset, {name for name, anyone in zip(names, used.tolist()) if not anyone})

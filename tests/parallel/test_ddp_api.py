@@ -289,3 +289,68 @@ def test_help_shows_our_init_and_a_torch_ddp_like_surface():
     assert not (moved | {"named_parameter", "synced_buffers"}) & listed
     assert "Initialize internal Module state" not in own and "Define the computation" not in own
     assert "Wrap ``module`` for data-parallel training" in own
+
+
+class _RaisesInBackward(torch.autograd.Function):
+    """Identity forward; its backward raises (as an out-of-memory error in backward would)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("backward failed on purpose")
+
+
+class _FailsInBackward(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.first, self.last = torch.nn.Linear(12, 12), torch.nn.Linear(12, 3)
+
+    def forward(self, x):
+        return self.last(_RaisesInBackward.apply(self.first(x)))
+
+
+def _none_stays_none_when_backward_begins_in_the_buckets(rank: int):
+    """Backward begins by making None gradients their bucket views (zeroed): whatever backward then
+    does not reach must come out None again, on one rank and after errors."""
+    model = _SkippableBranch()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ddp = bagua.DistributedDataParallel(model, [opt], find_unused_parameters=True, bucket_size_bytes=64)
+    (x, y), = rank_batches(rank, 1)
+    out = {}
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(ddp(x, False), y).backward()  # one rank: no allreduce of use
+    out["skipped"] = [p.grad is None for p in model.parameters()]
+    loss = torch.nn.functional.cross_entropy(ddp(x, True), y)
+    opt.zero_grad()  # between forward and backward: the gradients still land in the buckets
+    loss.backward()
+    flats = [(b.flat.data_ptr(), b.flat.data_ptr() + b.flat.nbytes) for b in ddp.buckets]
+    out["in_buckets"] = all(any(lo <= p.grad.data_ptr() < hi for lo, hi in flats) for p in model.parameters())
+    failing = _FailsInBackward()
+    ddp_failing = bagua.DistributedDataParallel(failing, find_unused_parameters=True)
+    try:  # backward reaches the last layer, then raises before the first
+        torch.nn.functional.cross_entropy(ddp_failing(x), y).backward()
+    except RuntimeError as error:
+        out["error"] = str(error)
+    ddp_failing.reset()
+    out["after_error"] = [p.grad is None for p in failing.parameters()]
+    strict = bagua.DistributedDataParallel(_SkippableBranch(), find_unused_parameters=False)
+    try:
+        torch.nn.functional.cross_entropy(strict(x, False), y).backward()
+    except RuntimeError as error:
+        out["strict_error"] = str(error)
+    out["strict"] = [p.grad is None for p in strict.module.parameters()]
+    return out
+
+
+def test_gradients_backward_does_not_reach_stay_none_on_one_rank_and_after_errors():
+    out, = run_ranks(_none_stays_none_when_backward_begins_in_the_buckets, 1)
+    assert out["skipped"] == [False, False, True, True]  # body used, branch not: None as before
+    assert out["in_buckets"]
+    assert "backward failed on purpose" in out["error"]
+    assert out["after_error"][:2] == [True, True]  # first layer never reached: None, not zeros
+    assert "got no gradient in this step" in out["strict_error"]
+    assert out["strict"] == [False, False, True, True]
