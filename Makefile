@@ -7,6 +7,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PYTEST_ARGS ?=
+# pytest processes: the suite's ranks leave a core idle half the time; 2 workers use it
+PYTEST_WORKERS ?= 2
 
 .PHONY: demo test bench bench-comm gpu-check system-deps clean
 
@@ -42,7 +44,7 @@ demo: $(VENV)/.installed-examples
 	$(PY) examples/train_digits.py --algorithm $(ALGORITHM)
 
 test: system-deps $(VENV)/.installed-test
-	$(PY) -m pytest -q --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --durations=15 $(PYTEST_ARGS)
 
 bench-comm: $(VENV)/.installed-bench
 	$(PY) benchmarks/comm.py
