@@ -51,10 +51,12 @@ class Variant:
         loss: ``loss(model, batch) -> scalar tensor``: the forward pass and the loss.
         async_interval_ms: async's ``sync_interval_ms``.
         device: "cpu" or "cuda".
+        init_sync: broadcast rank 0's weights at wrap time (both wrappers' default); False where
+            every rank built identical ones (a slow link then does not pay a broadcast per variant).
     """
 
     def __init__(self, name: str, model, optimizer, loss: Callable, async_interval_ms: int = 500,
-                 device: str = "cpu"):
+                 device: str = "cpu", init_sync: bool = True):
         import torch
         from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
@@ -70,7 +72,7 @@ class Variant:
         if self.is_torch:
             kw = {"device_ids": [torch.cuda.current_device()]} if device == "cuda" else {}
             self.model = TorchDDP(model, bucket_cap_mb=TORCH_BUCKET_MB.get(name, 25),
-                                  forward_sync_buffers=broadcast_buffers, **kw)
+                                  forward_sync_buffers=broadcast_buffers, init_sync=init_sync, **kw)
             if name == "ddp-fp16":
                 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -86,7 +88,7 @@ class Variant:
             self.algo = algo
             size = 10 * MIB if name.endswith("-10MB") else bagua.parallel.ddp.DEFAULT_BUCKET_SIZE_BYTES
             self.model = bagua.DistributedDataParallel(model, [optimizer], algorithm=algo, bucket_size_bytes=size,
-                                                       broadcast_buffers=broadcast_buffers)
+                                                       broadcast_buffers=broadcast_buffers, init_sync=init_sync)
         self.grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         self.last_step_bytes: list[int] = []
         self._async_running = False
