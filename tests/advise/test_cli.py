@@ -87,3 +87,17 @@ def test_under_torchrun_it_measures_the_link_first():
     assert int(found.group(1)) > 0
     assert "3.2M parameters (fp32), 2 ranks, 1 per machine" in out
     assert len(_rows(out)) == 8  # printed once, by rank 0
+
+
+def test_fitted_constants_are_read_from_the_fits_json(tmp_path, capsys):
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps({"constants": {"message_s": 0.0, "latency_factor": 3.0, "efficiency": 0.5,
+                                              "backward_share": 0.6}, "compute_s": {"bytegrad": 0.1}}))
+    argv = ["--bandwidth", "100mbit", "--latency-ms", "1", "--params", "3.2M", "--world-size", "4", "--backend", "gloo",
+            "--json"]
+    advise.main(argv)
+    ideal = {p["algorithm"]: p for p in json.loads(capsys.readouterr().out)["predictions"]}
+    advise.main([*argv, "--constants", str(path)])
+    fitted = {p["algorithm"]: p for p in json.loads(capsys.readouterr().out)["predictions"]}
+    assert fitted["torch-ddp"]["transfer_s"] == pytest.approx(2 * ideal["torch-ddp"]["transfer_s"])
+    assert fitted["torch-ddp"]["latency_s"] == pytest.approx(3 * ideal["torch-ddp"]["latency_s"])
