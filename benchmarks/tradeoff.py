@@ -170,8 +170,6 @@ def run_worker(args: argparse.Namespace) -> int:
     for v in variants:
         if v.name in rows:
             rows[v.name].update(messages_per_step(v.name, bucket_layout(v), world))
-            if v.name == "async":
-                rows[v.name].update(rounds=v.model.impl.rounds, steps=v.model.impl.steps)
         if v.name not in diverged:
             v.close()
     if rank == 0:

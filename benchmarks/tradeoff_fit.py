@@ -131,8 +131,8 @@ SCENARIOS = {
     "B": "compute from async's epoch (61 s: its step is compute alone), each link capped at the rate that "
          "makes DDP's 100 Gbit/s epoch the paper's 125 s (what TCP sockets reached on the 100 Gbit/s NICs)",
     "C": "as B, without the agreement check before public collectives (the original Bagua has none)",
-    "D": "as B, each message in sequence costing the one-way latencies fitted on this sweep (TCP's slow "
-         "start after an idle link, not an ideal one)",
+    "D": "as B, each message in sequence costing the one-way latencies it cost on this sweep (fitted; "
+         "TCP here, not an ideal link)",
 }
 
 
@@ -145,40 +145,44 @@ def _solve(f, low: float, high: float, target: float) -> float:
     return (low + high) / 2
 
 
+def paper_epoch(algo: str, link: Link, case: dict[str, Any]) -> float:
+    """Epoch seconds of ``algo`` in the paper's setting on ``link`` under one scenario's
+    assumptions (``case``: compute_s, constants, checks, ceiling_bit_s, as ``predict_paper`` gives)."""
+    capped = Link(min(link.bandwidth_bit_s, case["ceiling_bit_s"]), link.latency_s)
+    return predict(algo, default_buckets(PAPER["params"]), PAPER["world_size"], capped, case["compute_s"],
+                   Constants(**case["constants"]), PAPER["ranks_per_machine"], PAPER["backend"],
+                   case["checks"]).step_s * PAPER["steps_per_epoch"]
+
+
 def predict_paper(fitted: Constants) -> dict[str, Any]:
     """The paper's setting on paper under ``SCENARIOS`` (the fitted backward share in each, D's
-    latency factor fitted too):
-    epoch seconds per algorithm and link beside the paper's, and seconds per ms of latency."""
+    latency factor fitted too): epoch seconds per algorithm and link beside the paper's, and
+    seconds per ms of latency."""
     steps = PAPER["steps_per_epoch"]
-    buckets = default_buckets(PAPER["params"])
+    ideal = asdict(replace(Constants(), backward_share=fitted.backward_share))
 
-    def epoch(algo: str, link: Link, compute: float, constants: Constants, checks: bool = True,
-              ceiling: float = math.inf) -> float:
-        capped = Link(min(link.bandwidth_bit_s, ceiling), link.latency_s)
-        return predict(algo, buckets, PAPER["world_size"], capped, compute, constants, PAPER["ranks_per_machine"],
-                       PAPER["backend"], checks).step_s * steps
+    def case(compute: float, ceiling: float = math.inf, checks: bool = True, **constants) -> dict[str, Any]:
+        return {"compute_s": compute, "ceiling_bit_s": ceiling, "checks": checks, "constants": {**ideal, **constants}}
 
-    ideal = replace(Constants(), backward_share=fitted.backward_share)
     ddp_fast, link_fast = PAPER["epoch_s"]["100gbit 0ms"]["torch-ddp"], _LINKS["100gbit 0ms"]
-    compute_a = _solve(lambda c: epoch("torch-ddp", link_fast, c, ideal), 0.0, ddp_fast / steps, ddp_fast)
+    compute_a = _solve(lambda c: paper_epoch("torch-ddp", link_fast, case(c)), 0.0, ddp_fast / steps, ddp_fast)
     compute_b = PAPER["epoch_s"]["100gbit 0ms"]["async"] / steps
-    ceiling = _solve(lambda r: epoch("torch-ddp", link_fast, compute_b, ideal, ceiling=r), 1e8, 100e9, ddp_fast)
-    cases = {"A": (compute_a, ideal, True, math.inf), "B": (compute_b, ideal, True, ceiling),
-             "C": (compute_b, ideal, False, ceiling),
-             "D": (compute_b, replace(ideal, latency_factor=fitted.latency_factor), True, ceiling)}
+    ceiling = _solve(lambda r: paper_epoch("torch-ddp", link_fast, case(compute_b, r)), 1e8, 100e9, ddp_fast)
+    cases = {"A": case(compute_a), "B": case(compute_b, ceiling), "C": case(compute_b, ceiling, checks=False),
+             "D": case(compute_b, ceiling, latency_factor=fitted.latency_factor)}
     table: dict[str, dict[str, Any]] = {}
     for name, link in _LINKS.items():
         table[name] = {}
         for algo, paper_s in PAPER["epoch_s"][name].items():
-            p = predict(algo, buckets, PAPER["world_size"], link, compute_a, ideal, PAPER["ranks_per_machine"], PAPER["backend"])
+            p = predict(algo, default_buckets(PAPER["params"]), PAPER["world_size"], link, compute_a,
+                        Constants(**ideal), PAPER["ranks_per_machine"], PAPER["backend"])
             table[name][algo] = {"paper_s": paper_s, "hops": p.hops, "bytes": p.nbytes,
-                                 **{case: epoch(algo, link, *how) for case, how in cases.items()}}
+                                 **{c: paper_epoch(algo, link, how) for c, how in cases.items()}}
     slopes = {}
     for algo, paper_s in PAPER["epoch_s"]["100gbit 5ms"].items():
         slopes[algo] = {"paper": (paper_s - PAPER["epoch_s"]["100gbit 0ms"][algo]) / 5}
-        for case, how in cases.items():
-            at = [epoch(algo, Link(100e9, ms / 1e3), *how) for ms in (0, 5)]
-            slopes[algo][case] = (at[1] - at[0]) / 5
-    return {"setting": {k: v for k, v in PAPER.items() if k != "epoch_s"}, "scenarios": SCENARIOS,
-            "compute_s_per_step": {"A": compute_a, "B": compute_b}, "ceiling_bit_s_b": ceiling,
-            "backward_share": fitted.backward_share, "epochs": table, "latency_slopes": slopes}
+        for c, how in cases.items():
+            at = [paper_epoch(algo, Link(100e9, ms / 1e3), how) for ms in (0, 5)]
+            slopes[algo][c] = (at[1] - at[0]) / 5
+    return {"setting": {k: v for k, v in PAPER.items() if k != "epoch_s"}, "scenarios": SCENARIOS, "cases": cases,
+            "epochs": table, "latency_slopes": slopes}

@@ -163,12 +163,14 @@ def paper_markdown(fit: dict[str, Any]) -> str:
     rows = [[algo, link, f"{row['paper_s']:.0f}", *[f"{row[c]:.0f}" for c in cases], str(row["hops"])]
             for link, table in paper["epochs"].items() for algo, row in table.items()]
     slope_rows = [[algo, f"{v['paper']:.0f}", *[f"{v[c]:.0f}" for c in cases]] for algo, v in paper["latency_slopes"].items()]
+    a, b = paper["cases"]["A"], paper["cases"]["B"]
     head = (f"A prediction, not a measurement: {s['world_size']} ranks on {s['world_size'] // s['ranks_per_machine']} "
             f"machines, {s['params'] / 1e6:.0f}M parameters in 25 MiB buckets, NCCL, bagua's algorithms hierarchical "
             f"(exact within a machine), {s['steps_per_epoch']:.0f} steps an epoch, backward "
-            f"{paper['backward_share']:.2f} of compute (fitted here); compute per step A "
-            f"{paper['compute_s_per_step']['A'] * 1e3:.0f} ms, B to D {paper['compute_s_per_step']['B'] * 1e3:.0f} ms; "
-            f"B to D's link ceiling {paper['ceiling_bit_s_b'] / 1e9:.1f} Gbit/s.")
+            f"{a['constants']['backward_share']:.2f} of compute (fitted here); compute per step A "
+            f"{a['compute_s'] * 1e3:.0f} ms, B to D {b['compute_s'] * 1e3:.0f} ms; B to D's link ceiling "
+            f"{b['ceiling_bit_s'] / 1e9:.1f} Gbit/s; D: {paper['cases']['D']['constants']['latency_factor']:.1f} one-way "
+            "latencies per message.")
     return "\n\n".join([head, _table(["algorithm", "link", "paper, s", *[f"model {c}, s" for c in cases],
                                        "messages in sequence per step"], rows),
                          "Seconds of epoch per ms of one-way latency (0 to 5 ms at 100 Gbit/s):",
@@ -226,36 +228,33 @@ def plot(results: dict[str, Any], fit: Optional[dict[str, Any]], path: Path) -> 
 
 
 def plot_paper(fit: dict[str, Any], path: Path) -> None:
-    """The model at the paper's scale (lines) and the paper's epoch times (markers)."""
+    """The model at the paper's scale (scenario A solid, B dashed) and the paper's epoch times (dots)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from bagua.advise import Constants, Link, default_buckets, predict
-    from tradeoff_fit import PAPER
+    from bagua.advise import Link
+    from tradeoff_fit import PAPER, paper_epoch
 
-    paper = fit["paper"]
-    constants, compute = Constants(backward_share=paper["backward_share"]), paper["compute_s_per_step"]["A"]
-    steps, buckets = PAPER["steps_per_epoch"], default_buckets(PAPER["params"])
+    cases = fit["paper"]["cases"]
     inverse = {v: k for k, v in ADVISE_NAME.items()}
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    gbits, ms = [10 ** (i / 20) for i in range(41)], [i / 4 for i in range(21)]
     for algo in PAPER["epoch_s"]["1gbit 0ms"]:
         color = COLORS[inverse.get(algo, algo)]
-        model = lambda link: predict(algo, buckets, PAPER["world_size"], link, compute, constants,  # noqa: E731
-                                     PAPER["ranks_per_machine"], PAPER["backend"]).step_s * steps
-        gbits = [10 ** (i / 20) for i in range(41)]
-        left.plot(gbits, [model(Link(g * 1e9)) for g in gbits], color=color, label=f"{algo} (model)")
+        for name, style in (("A", "-"), ("B", "--")):
+            label = f"{algo} (model {name})"
+            left.plot(gbits, [paper_epoch(algo, Link(g * 1e9), cases[name]) for g in gbits], style, color=color, label=label)
+            right.plot(ms, [paper_epoch(algo, Link(100e9, m / 1e3), cases[name]) for m in ms], style, color=color, label=label)
         left.plot([1, 100], [PAPER["epoch_s"]["1gbit 0ms"][algo], PAPER["epoch_s"]["100gbit 0ms"][algo]], "o", color=color)
-        ms = [i / 4 for i in range(21)]
-        right.plot(ms, [model(Link(100e9, m / 1e3)) for m in ms], color=color, label=f"{algo} (model)")
         right.plot([0, 5], [PAPER["epoch_s"]["100gbit 0ms"][algo], PAPER["epoch_s"]["100gbit 5ms"][algo]], "o", color=color)
     left.set(xscale="log", yscale="log", xlabel="bandwidth per machine, Gbit/s (0 ms)", ylabel="epoch time, s",
-             title="BERT-Large, 128 GPUs: model (lines) vs paper (dots)")
+             title="BERT-Large, 128 GPUs: model A (solid), B (dashed), paper (dots)")
     right.set(xlabel="one-way latency, ms (100 Gbit/s)", ylabel="epoch time, s", title="the same against latency")
     for ax in (left, right):
         ax.grid(True, which="both", alpha=0.3)
-    right.legend(fontsize=7)
+    right.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -278,9 +277,9 @@ def paper_notes(fit: dict[str, Any]) -> str:
     b = {link: {a: row["B"] for a, row in rows.items()} for link, rows in e.items()}
     return "\n".join([
         f"- **Compute (A vs B).** Taking all of DDP's 125 s at 100 Gbit/s as compute (A: "
-        f"{fit['paper']['compute_s_per_step']['A'] * 1e3:.0f} ms a step) makes every algorithm at least 125 s there; "
+        f"{fit['paper']['cases']['A']['compute_s'] * 1e3:.0f} ms a step) makes every algorithm at least 125 s there; "
         f"the paper's async (61 s, no communication on its step) says compute is half that, so DDP's 100 Gbit/s link "
-        f"delivered about {fit['paper']['ceiling_bit_s_b'] / 1e9:.0f} Gbit/s (B). With that, 100 Gbit/s comes out as "
+        f"delivered about {fit['paper']['cases']['B']['ceiling_bit_s'] / 1e9:.0f} Gbit/s (B). With that, 100 Gbit/s comes out as "
         f"bytegrad {b['100gbit 0ms']['bytegrad']:.0f}, low-precision decentralized "
         f"{b['100gbit 0ms']['low_precision_decentralized']:.0f}, decentralized {b['100gbit 0ms']['decentralized']:.0f} s "
         f"(paper 87, 76, 82), and 1 Gbit/s DDP {b['1gbit 0ms']['torch-ddp']:.0f}, bytegrad {b['1gbit 0ms']['bytegrad']:.0f}, "
@@ -289,8 +288,8 @@ def paper_notes(fit: dict[str, Any]) -> str:
         "momentum (Bagua's benchmark page: \"QAdam 1-bit\"); ours sends 8 bits, 8x the bytes.",
         f"- **decentralized at 1 Gbit/s** (model {b['1gbit 0ms']['decentralized']:.0f} s, paper 1504): the model takes "
         "`peer_selection_mode=\"all\"` (an allreduce of the weights: DDP's bytes); one peer per step "
-        "(`shift_one`) sends half of that, which is where the paper's number lies.",
-        f"- **Latency, DDP** ({slopes['torch-ddp']['A']:.0f} s per ms modelled, {slopes['torch-ddp']['paper']:.0f} measured): "
+        f"(`shift_one`) sends half of that: about {(b['1gbit 0ms']['decentralized'] + b['1gbit 0ms']['async']) / 2:.0f} s in the same model.",
+        f"- **Latency, DDP** ({slopes['torch-ddp']['A']:.0f} s per ms modelled, paper {slopes['torch-ddp']['paper']:.0f}): "
         "NCCL's ring crosses each machine boundary twice per allreduce, 2 x 15 one-way latencies per 25 MiB bucket, "
         "52 buckets a step, nothing to hide them behind once backward has ended; the count alone gives the paper's slope.",
         f"- **Latency, low-precision decentralized** ({slopes['low_precision_decentralized']['A']:.0f} s per ms with our "
@@ -303,15 +302,35 @@ def paper_notes(fit: dict[str, Any]) -> str:
         f"paper {slopes['bytegrad']['paper']:.0f} and {slopes['qadam']['paper']:.0f}): the model lets bytegrad's 2 "
         "messages per bucket hide behind backward, and ours averages qadam's momentum in one buffer (2 messages a step); "
         "the paper's slopes say each bucket's messages were paid in full (bytegrad) and the momentum went bucket by "
-        "bucket (qadam). Transfers also take more than one latency each: TCP restarts slow start on a link idle since "
-        f"the last step, which is why each message cost {fit['constants']['latency_factor']:.1f} one-way latencies on "
-        f"this sweep; with that factor (D) the slopes become {slopes['bytegrad']['D']:.0f} (bytegrad), "
+        "bucket (qadam). Transfers also take more than one latency each where TCP restarts slow start on a link idle "
+        f"since the last step (likely why each message cost {fit['constants']['latency_factor']:.1f} one-way latencies "
+        f"on this sweep); with that factor (D) the slopes become {slopes['bytegrad']['D']:.0f} (bytegrad), "
         f"{slopes['qadam']['D']:.0f} (qadam), {slopes['torch-ddp']['D']:.0f} (DDP) and "
         f"{slopes['low_precision_decentralized']['D']:.0f} (low-precision decentralized) s per ms.",
         f"- **Latency, decentralized** (model {slopes['decentralized']['A']:.0f}, paper "
         f"{slopes['decentralized']['paper']:.0f} s per ms): the same ring count as DDP under `all`; `shift_one` is one "
         "message per bucket.",
     ])
+
+
+def order_explained(results: dict[str, Any]) -> str:
+    """The latency order, explained by the messages in sequence the step cannot hide."""
+    slopes, sweep = latency_slopes(results), latency_sweep(results)
+    rows = results["settings"][sweep[0][1]]["job"]["variants"] if sweep else {}
+    per = [s * 1e3 / EPOCH_STEPS / rows[n]["hops_per_step"] for n, s in slopes.items()
+           if n in rows and rows[n]["hops_per_step"] and s > 0]
+    lpd = rows.get("low_precision_decentralized", {}).get("messages", [])
+    checks = sum(m["hops"] for m in lpd if m["what"] == "agreement check")
+    text = ("Every message in sequence cost about the same "
+            f"({min(per):.1f} to {max(per):.1f} one-way latencies, not 1: likely TCP's slow start, restarted on a "
+            "link idle since the last step), so the count orders the slopes: " if per else "")
+    text += ("a Gloo ring allreduce keeps two 1 MiB segments in flight, so an exact allreduce of a bucket is many "
+             "messages in sequence, a compressed allreduce 2, the low-precision ring exchange 1")
+    if checks:
+        text += (f", and here {checks} more for the agreement check before each bucket's exchange (a public "
+                 "collective; the original Bagua has none): without it (`check_collectives=False`) the "
+                 "low-precision ring would send the fewest")
+    return text + "."
 
 
 def results_section(results: dict[str, Any], fit: Optional[dict[str, Any]], figure: str) -> str:
@@ -333,16 +352,13 @@ def results_section(results: dict[str, Any], fit: Optional[dict[str, Any]], figu
         "layout the job recorded (both in the JSON):", "", slopes_markdown(results), "",
         f"Measured order: {' > '.join(order)}. The paper's order (DDP degrades fastest, low-precision decentralized "
         f"least, async aside): DDP-like first {'reproduced' if first_ddp else 'not reproduced'}, low-precision "
-        f"decentralized least {'reproduced' if lpd_least else 'not reproduced'}. A Gloo ring allreduce keeps two "
-        "1 MiB segments in flight, so an exact allreduce of a bucket is many messages in sequence; bytegrad's and "
-        "qadam's compressed allreduce is 2, the low-precision ring exchange 1, each public collective's agreement "
-        "check m-1 more; what a step cannot hide behind compute it pays once per message in sequence.",
+        f"decentralized least {'reproduced' if lpd_least else 'not reproduced'}. " + order_explained(results),
     ]
     if fit is not None:
         parts += ["", "### The cost model (`bagua/advise.py`, fitted by `benchmarks/tradeoff_fit.py`)", "",
                   fit_markdown(fit), "", "### The paper's setting, predicted", "", paper_markdown(fit), "",
                   "Scenarios: " + "; ".join(f"**{k}**: {v}" for k, v in fit["paper"]["scenarios"].items()) + ".", "",
-                  paper_notes(fit), "", "Plot: `figures/tradeoff_paper.png` (scenario A)."]
+                  paper_notes(fit), "", "Plot: `figures/tradeoff_paper.png` (scenarios A and B)."]
     return "\n".join(parts)
 
 
@@ -363,6 +379,25 @@ def accuracy_markdown(path: Path = HERE / "results" / "time_to_accuracy.json") -
             + _table(["variant", "steps to DDP's loss", f"loss after {tta['steps']} steps", "vs DDP"], rows))
 
 
+def async_note(results: dict[str, Any], fit: Optional[dict[str, Any]]) -> str:
+    """How often async's replicas can be averaged on each link (the model's round time over its step)."""
+    from bagua.advise import Constants, Link, predict
+
+    constants = Constants(**fit["constants"]) if fit else Constants()
+    seen = []
+    for key in ("bw-1gbit", "bw-10mbit", "lat-20ms"):
+        record = results["settings"].get(key)
+        row = record["job"]["variants"].get("async") if record else None
+        if row is None:
+            continue
+        link = Link(record["rate_bit"], (record["setting"]["delay_ms"] or 0) / 1e3)
+        step = row["epoch_s"] / (record["job"]["reps"] * record["job"]["block"])
+        round_s = predict("async", row["buckets"], record["job"]["world"], link, step, constants).comm_s
+        seen.append(f"{_label(results, key)}: a round takes {round_s:.2f} s, {round_s / step:.1f} of its steps")
+    return ("async never waits, but its replicas are averaged only as often as the link allows (" + "; ".join(seen)
+            + "; the cost model's round time): its speed is paid in accuracy." if seen else "")
+
+
 def guide_section(results: dict[str, Any], fit: Optional[dict[str, Any]], figure: str) -> str:
     """The numbers of docs/choosing_an_algorithm.md: measured here, and modelled at the paper's scale."""
     e = epochs(results)
@@ -372,7 +407,8 @@ def guide_section(results: dict[str, Any], fit: Optional[dict[str, Any]], figure
              "`python benchmarks/tradeoff.py --report`._", "", _facts(results), "",
              f"![epoch time against bandwidth and latency](../benchmarks/figures/{figure})", "",
              "Speed against torch DDP (its epoch time over the variant's; above 1x is faster):", "",
-             _table(["variant"] + [_label(results, k) for k in cols], rows), "", accuracy_markdown()]
+             _table(["variant"] + [_label(results, k) for k in cols], rows), "", async_note(results, fit), "",
+             accuracy_markdown()]
     if fit is not None:
         paper = fit["paper"]["epochs"]
         rows = [[a] + [f"{paper[ln][a]['paper_s']:.0f} / {paper[ln][a]['B']:.0f}" for ln in paper] for a in paper["100gbit 0ms"]]
