@@ -77,10 +77,13 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     slope = math.log(hi["ddp"] / lo["ddp"]) / math.log(10 / 100) if "ddp" in lo and "ddp" in hi else None
     out.append({"what": "DDP log-log slope, 100 -> 10 Mbit/s", "bound": "-1.1 .. -0.85", "value": slope,
                 "met": None if slope is None else -1.1 <= slope <= -0.85})
+    wire = {n: r.get("wire_per_step") for n, r in results["settings"].get("bw-10mbit", {}).get("job", {})
+            .get("variants", {}).items()}
     for name in COMPRESSED:
         ratio = hi["ddp"] / hi[name] if "ddp" in hi and name in hi else None
+        allows = wire["ddp"] / wire[name] if wire.get("ddp") and wire.get(name) else None
         out.append({"what": f"{name}: DDP / it at 10 Mbit/s", "bound": ">= 3.5x", "value": ratio,
-                    "met": None if ratio is None else ratio >= 3.5})
+                    "met": None if ratio is None else ratio >= 3.5, "bytes_allow": allows})
     fast = e.get("bw-1gbit", {})
     ratio = hi["async"] / fast["async"] if "async" in hi and "async" in fast else None
     out.append({"what": "async: its 10 Mbit/s / its 1 Gbit/s", "bound": "<= 1.5x", "value": ratio,
@@ -178,9 +181,13 @@ def paper_markdown(fit: dict[str, Any]) -> str:
 
 
 def target_markdown(results: dict[str, Any]) -> str:
-    rows = [[t["what"], t["bound"], _fmt(t["value"]), {None: "not run", True: "met", False: "not met"}[t["met"]]]
-            for t in targets(results)]
-    return _table(["shape target", "bound", "measured", "status"], rows)
+    rows = [[t["what"], t["bound"], _fmt(t["value"]), {None: "not run", True: "met", False: "not met"}[t["met"]],
+             _fmt(t.get("bytes_allow"))] for t in targets(results)]
+    return (_table(["shape target", "bound", "measured", "status", "bytes allow (DDP's wire bytes / its)"], rows)
+            + "\n\nA compressed variant's ratio is bounded by its bytes on the wire (measured per rank, TCP/IP "
+            "included); below that, compute (which every variant pays) dilutes the ratio, and so does what a step "
+            "cannot hide: the low-precision ring exchange and qadam's momentum allreduce run after backward, each behind an agreement check, and every 8-bit "
+            "variant spends CPU on its codec that the exact ones do not.")
 
 
 def plot(results: dict[str, Any], fit: Optional[dict[str, Any]], path: Path) -> None:
