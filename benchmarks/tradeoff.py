@@ -12,8 +12,8 @@ interleaved in one job per setting (``step_timing.py``): torch DDP fp32 and with
 compression hook, and the six bagua algorithms (async averaging every 50 ms, as train_lm). An
 epoch is ``EPOCH_STEPS`` steps: the mean timed step times that (data loading excluded).
 
-    python benchmarks/tradeoff.py                   # the sweep, ~60 min on 2 cores (root, iproute2), then --report
-    python benchmarks/tradeoff.py --quick           # ~10 min: the same grid, a 0.44M model, fewer steps
+    python benchmarks/tradeoff.py                   # the sweep, ~30-45 min on 2 cores (root, iproute2), then --report
+    python benchmarks/tradeoff.py --quick           # ~9 min: the same grid and steps, a 0.44M model
     python benchmarks/tradeoff.py --settings bw-10mbit lat-5ms    # (re)run these settings only
     python benchmarks/tradeoff.py --only bytegrad qadam          # (re)run these variants, merged in
     python benchmarks/tradeoff.py --report          # figures, fit, RESULTS.md, docs from the JSON
@@ -281,7 +281,7 @@ def run_driver(args: argparse.Namespace) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n")[1])
-    parser.add_argument("--quick", action="store_true", help="the same grid with a 0.44M model and fewer steps: ~10 minutes")
+    parser.add_argument("--quick", action="store_true", help="the same grid and steps with a 0.44M model: ~9 minutes")
     parser.add_argument("--settings", nargs="+", metavar="KEY", help="run these settings (again), others kept")
     parser.add_argument("--only", nargs="+", choices=VARIANTS, help="run only these variants, merged into the results")
     parser.add_argument("--fresh", action="store_true", help="start a new results file instead of resuming")
@@ -306,7 +306,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     keys = {s.key for s in SETTINGS}
     unknown = sorted(set(args.settings or ()) - keys)
     if unknown:
-        parser.error(f"unknown setting(s) {', '.join(unknown)} for the {args.size} sweep; known: {', '.join(sorted(keys))}")
+        parser.error(f"unknown setting(s) {', '.join(unknown)} ; known: {', '.join(sorted(keys))}")
     return run_driver(args)
 
 
