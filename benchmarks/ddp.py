@@ -80,10 +80,11 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or by torchrun
-from _jobs import import_netns, quantile, run_job, save_run, tx_bytes_reader  # noqa: E402
+from _jobs import import_netns, run_job, save_run, tx_bytes_reader  # noqa: E402
 from ddp_report import (  # noqa: E402
     ALL_VARIANTS, BUFFER_VARIANTS, LABELS, NETWORK_VARIANTS, format_gpu, format_job, key_summary, plot,
 )
+from step_timing import Variant, time_interleaved  # noqa: E402
 
 logger = logging.getLogger("benchmarks.ddp")
 
@@ -91,7 +92,6 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 JSON_TAG = "@@bagua-ddp-bench@@ "  # workers print one line "<tag><json>" per job on rank 0
 DEFAULT_PLOT = HERE / "figures" / "ddp_network.png"
-MIB = 1 << 20
 
 
 
@@ -147,81 +147,21 @@ def make_batches(dims: Sequence[int], batch: int, count: int, rank: int, device:
     return out
 
 
-# --------------------------------------------------------------------------------------------
-# variants
-# --------------------------------------------------------------------------------------------
+def make_variant(name: str, dims: Sequence[int], warmup: int, async_interval_ms: int, device: str = "cpu",
+                 qadam_eps: float = 1e-8) -> Variant:
+    """One of ddp.py's variants: the MLP (with BatchNorm for ``-bn``), SGD with momentum 0.9 (qadam:
+    ``QAdamOptimizer`` past ``warmup`` steps), cross-entropy on ``(x, y)`` batches."""
+    import torch
+    import torch.nn.functional as F
 
+    import bagua
 
-class Variant:
-    """One model copy wrapped one way; ``step(x, y)`` runs one training step."""
-
-    def __init__(self, name: str, dims: Sequence[int], warmup: int, async_interval_ms: int, device: str = "cpu",
-                 qadam_eps: float = 1e-8):
-        import torch
-        from torch.nn.parallel import DistributedDataParallel as TorchDDP
-
-        import bagua
-
-        self.name = name
-        self.is_torch = name.startswith("ddp")
-        self.algo = None
-        broadcast_buffers = not name.endswith("-nobuf")
-        model = make_model(dims, batchnorm="-bn" in name).to(device)
-        if name == "qadam":
-            self.opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=max(1, warmup),
-                                                  eps=qadam_eps)
-        else:
-            self.opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        if self.is_torch:
-            cap = 10 if name == "ddp-10MB" else 25
-            kw = {"device_ids": [torch.cuda.current_device()]} if device == "cuda" else {}
-            self.model = TorchDDP(model, bucket_cap_mb=cap, forward_sync_buffers=broadcast_buffers, **kw)
-            if name == "ddp-fp16":
-                from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-                self.model.register_comm_hook(state=None, hook=default_hooks.fp16_compress_hook)
-        else:
-            base = name.split("-")[0]
-            if base == "qadam":
-                algo = bagua.algorithms.QAdamAlgorithm(self.opt)
-            elif base == "async":
-                algo = bagua.algorithms.AsyncModelAverageAlgorithm(
-                    sync_interval_ms=async_interval_ms, warmup_steps=0)
-            else:
-                algo = bagua.algorithms.Algorithm.init(base)
-            self.algo = algo
-            size = 10 * MIB if name.endswith("-10MB") else bagua.parallel.ddp.DEFAULT_BUCKET_SIZE_BYTES
-            self.model = bagua.DistributedDataParallel(model, [self.opt], algorithm=algo, bucket_size_bytes=size,
-                                                       broadcast_buffers=broadcast_buffers)
-        self.grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        self.last_step_bytes: list[int] = []
-        self._async_running = False
-
-    def step(self, x, y) -> None:
-        import torch.nn.functional as F
-
-        self.opt.zero_grad(set_to_none=True)
-        out = self.model(x)
-        if not self.is_torch:
-            self.last_step_bytes.append(self.model.bytes_sent_last_step)
-        loss = F.cross_entropy(out, y)
-        loss.backward()
-        self.opt.step()
-
-    def begin_block(self) -> None:
-        if self.name == "async" and not self._async_running and self.model.step > 0:
-            self.algo.resume(self.model)
-        self._async_running = self.name == "async"
-
-    def end_block(self) -> None:
-        if self.name == "async" and self._async_running:
-            self.algo.abort(self.model)  # every rank; also averages the weights once
-            self._async_running = False
-
-    def close(self) -> None:
-        self.end_block()
-        if not self.is_torch:
-            self.model.close()
+    model = make_model(dims, batchnorm="-bn" in name).to(device)
+    if name == "qadam":
+        opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=max(1, warmup), eps=qadam_eps)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    return Variant(name, model, opt, lambda m, batch: F.cross_entropy(m(batch[0]), batch[1]), async_interval_ms, device)
 
 
 def run_worker(args: argparse.Namespace) -> int:
@@ -249,100 +189,11 @@ def run_worker(args: argparse.Namespace) -> int:
         if rank == 0:
             print(f"[{args.setting}] {msg} ({time.monotonic() - t_start:.0f}s)", flush=True)
 
-    variants: list[Variant] = []
-    for name in args.variants:
-        variants.append(Variant(name, dims, args.warmup, args.async_interval_ms, qadam_eps=args.qadam_eps))
+    variants = [make_variant(name, dims, args.warmup, args.async_interval_ms, qadam_eps=args.qadam_eps)
+                for name in args.variants]
     log(f"built {len(variants)} variants of a {mlp_params(dims) / 1e6:.2f}M-parameter MLP {args.mlp}")
     batches = make_batches(dims, args.batch, args.num_batches, rank)
-    cursor = [0]
-
-    def next_batch():
-        b = batches[cursor[0] % len(batches)]
-        cursor[0] += 1
-        return b
-
-    diverged: dict[str, str] = {}
-
-    def guarded_steps(v: Variant, k: int, times: Optional[list[float]]) -> bool:
-        """Run k steps; False if the variant diverged. bagua's compressed allreduce raises the same
-        ValueError on every rank when any input holds NaN/Inf, so all ranks drop it together."""
-        try:
-            for _ in range(k):
-                x, y = next_batch()
-                ts = time.perf_counter()
-                v.step(x, y)
-                if times is not None:
-                    times.append(time.perf_counter() - ts)
-        except ValueError as e:
-            if "NaN or Inf" not in str(e):
-                raise
-            diverged[v.name] = f"NaN/Inf at its step {getattr(v.model, 'step', '?')}: {str(e).splitlines()[0][:160]}"
-            log(f"{v.name} DIVERGED: {diverged[v.name]}")
-            return False
-        return True
-
-    # warm-up: every variant, untimed (also passes qadam's Adam warm-up)
-    for v in variants:
-        v.begin_block()
-        guarded_steps(v, args.warmup, None)
-        if v.name not in diverged:
-            v.end_block()
-        dist.barrier()
-    log(f"warm-up done: {args.warmup} step(s) per variant")
-
-    n = len(variants)
-    step_t: dict[str, list[float]] = {v.name: [] for v in variants}
-    block_t: dict[str, list[float]] = {v.name: [] for v in variants}
-    sent: dict[str, list[float]] = {v.name: [] for v in variants}
-    wire: dict[str, list[float]] = {v.name: [] for v in variants}
-    for r in range(args.reps):
-        for j in range(n):
-            v = variants[(r + j) % n]
-            if v.name in diverged:
-                continue
-            v.begin_block()
-            dist.barrier()
-            b0 = bagua.comm.bytes_sent()
-            w0 = tx_bytes() if tx_bytes else 0
-            t0 = time.perf_counter()
-            if not guarded_steps(v, args.block, step_t[v.name]):
-                dist.barrier()
-                continue
-            block_t[v.name].append(time.perf_counter() - t0)
-            sent[v.name].append((bagua.comm.bytes_sent() - b0) / args.block)
-            if tx_bytes:
-                dist.barrier()  # tiny: lets the block's last segments leave the qdisc
-                wire[v.name].append((tx_bytes() - w0) / args.block)
-            v.end_block()
-        log(f"repetition {r + 1}/{args.reps}")
-
-    # per rank: median, p25, p75 step; epoch (sum of blocks); bytes; then max over ranks
-    local: list[float] = []
-    alive = [v for v in variants if v.name not in diverged and block_t[v.name]]
-    for v in alive:
-        s = step_t[v.name]
-        local += [statistics.median(s), quantile(s, 0.25), quantile(s, 0.75), sum(block_t[v.name]),
-                  statistics.median(sent[v.name]),
-                  statistics.median(wire[v.name]) if wire[v.name] else -1.0,
-                  statistics.median(v.last_step_bytes[args.warmup:]) if v.last_step_bytes[args.warmup:] else -1.0]
-    K = 7
-    agg = torch.tensor(local, dtype=torch.float64)
-    dist.all_reduce(agg, op=dist.ReduceOp.MAX)
-    agg = agg.tolist()
-    # paired per-repetition block ratios (rank 0's blocks; all ranks are synchronous for these)
-    rows: dict[str, Any] = {}
-    for i, v in enumerate(alive):
-        med, p25, p75, epoch, b, w, last = agg[K * i: K * i + K]
-        rows[v.name] = {
-            "step_s": med, "p25_s": p25, "p75_s": p75, "epoch_s": epoch,
-            "bagua_sent_per_step": None if v.is_torch else b,
-            "bytes_sent_last_step": None if v.is_torch or last < 0 else last,
-            "ring_formula_per_step": (2 * (world - 1) / world * v.grad_bytes * (0.5 if v.name == "ddp-fp16" else 1.0))
-            if v.is_torch else None,
-            "wire_per_step": w if w >= 0 else None,
-            "blocks_s": block_t[v.name],
-            "grad_bytes": v.grad_bytes,
-        }
+    rows, diverged = time_interleaved(variants, batches, args.warmup, args.reps, args.block, log, tx_bytes)
     for v in variants:
         if v.name not in diverged:
             v.close()

@@ -174,7 +174,7 @@ def key_summary(jobs: list[dict[str, Any]], gpu: Optional[dict[str, Any]]) -> tu
 # plot
 # --------------------------------------------------------------------------------------------
 
-_COLORS = {
+COLORS = {
     "ddp": "black", "ddp-fp16": "dimgray", "gradient_allreduce": "tab:blue", "bytegrad": "tab:red",
     "decentralized": "tab:green", "low_precision_decentralized": "tab:olive", "async": "tab:purple",
     "qadam": "tab:orange", "ddp-10MB": "silver", "gradient_allreduce-10MB": "tab:cyan",
@@ -207,7 +207,7 @@ def plot(jobs: list[dict[str, Any]], path: Path) -> None:
             if name in j["variants"]:
                 xs.append(g - 0.4 + width * (i + 0.5))
                 ys.append(j["variants"][name]["epoch_s"])
-        bars = ax.bar(xs, ys, width, label=LABELS[name], color=_COLORS[name])
+        bars = ax.bar(xs, ys, width, label=LABELS[name], color=COLORS[name])
         for b, y in zip(bars, ys):
             ax.text(b.get_x() + b.get_width() / 2, y, f"{y:.0f}" if y >= 10 else f"{y:.1f}",
                     ha="center", va="bottom", fontsize=6)

@@ -1,0 +1,462 @@
+"""Which algorithm for which network: an alpha-beta cost model per algorithm, and ``python -m bagua.advise``.
+
+A training step costs its compute, plus whatever communication the step cannot hide. Each
+algorithm's step is a list of collectives (:func:`message_pattern`), counted from the code: for
+each, the bytes the busiest link carries and the messages that must follow each other (hops:
+each waits for the one before it to arrive, so each costs one one-way latency). A collective
+takes ``hops * (message_s + latency_factor * latency) + bytes / (efficiency * bandwidth)``.
+What overlaps with compute follows the engine (``bagua.comm.engine``): gradient buckets leave
+in order as backward fills them (torch DDP alike), the decentralized weights leave at forward,
+the low-precision ring and qadam's momentum go after backward with nothing to hide behind, and
+async's averaging runs on its own thread, off the step.
+
+Messages in sequence, per collective (1 rank per machine; ``m`` machines):
+
+=========================  ====================================================================
+exact allreduce, Gloo      ring of at most two 1 MiB segments in flight: ``2 ceil(K/2)`` with
+                           ``K = s (m-1)/m`` segments and ``s`` = max(bytes / 1 MiB, 2m) rounded
+                           up to a multiple of m (``gloo/allreduce.cc``); 2(m-1) at least
+exact allreduce, NCCL      a ring pipelined in slices: data crosses each machine boundary
+                           twice, ``2(m-1)``
+compressed allreduce       ``bagua.comm.compressed_allreduce``: every receive posted first,
+                           chunks to all peers at once, then the reduced chunks: 2
+ring exchange              ``alltoall_v`` to both ring neighbours at once: 1
+agreement check            the small allgather before a public collective (a Gloo ring): m-1
+=========================  ====================================================================
+
+With several ranks per machine, bagua's algorithms are taken as ``hierarchical=True`` (exact
+within the machine, the pattern above among machines; within a machine counts as free) and
+torch DDP as one ring over all ranks (its bytes cross each machine's link once per direction).
+
+Example::
+
+    from bagua.advise import Link, predict_all
+    for p in predict_all(params=340e6, world_size=128, link=Link(1e9, 0.002), ranks_per_machine=8,
+                         compute_s=0.5):
+        print(p.algorithm, round(p.step_s, 3))
+
+    python -m bagua.advise --bandwidth 1gbit --latency-ms 2 --params 340M --world-size 128
+    torchrun --nproc-per-node 2 -m bagua.advise --params 3.2M      # measures the link itself
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Optional, Sequence
+
+ALGORITHMS = ("torch-ddp", "torch-ddp-fp16", "gradient_allreduce", "bytegrad", "decentralized",
+              "low_precision_decentralized", "async", "qadam")
+#: MinMaxUInt8 on the wire: a byte per element and an fp32 (min, max) per 1024-element block
+UINT8_BYTES_PER_ELEMENT = 1 + 8 / 1024
+#: gloo's ring allreduce keeps two segments of at most this many bytes in flight
+GLOO_SEGMENT_BYTES = 1 << 20
+BUCKET_BYTES = 25 << 20  # both wrappers' default bucket size
+CHECK_BYTES = 18 * 8  # the agreement check's int64 header per rank
+#: what each algorithm does to the training, from the time-to-accuracy runs (docs/choosing_an_algorithm.md)
+ACCURACY = {
+    "torch-ddp": "exact average of the gradients (the reference)",
+    "torch-ddp-fp16": "gradients rounded to fp16 on the wire",
+    "gradient_allreduce": "exact, as torch DDP (same losses to 1e-7 in our LM run)",
+    "bytegrad": "8-bit gradients: close to DDP (its loss in 1.12x the steps in our LM run)",
+    "decentralized": "weights averaged with peers: needed > 1.3x DDP's steps in our LM run",
+    "low_precision_decentralized": "decentralized with 8-bit differences: > 1.3x DDP's steps in our LM run",
+    "async": "no rank waits, replicas drift: worst loss of all in our LM run",
+    "qadam": "Adam with frozen variance: > 1.3x DDP's steps in our LM run (depends on its warm-up)",
+}
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link between machines: ``bandwidth_bit_s`` each way, ``latency_s`` one way."""
+
+    bandwidth_bit_s: float
+    latency_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective of a step: what it is, the bytes on the busiest link, the messages in
+    sequence (hops), and what it may hide behind: "backward", "forward" (forward and backward),
+    "none", or "background" (off the step)."""
+
+    what: str
+    nbytes: float
+    hops: int
+    overlap: str
+
+
+@dataclass(frozen=True)
+class Constants:
+    """What the machines and the software add to the counts.
+
+    Args:
+        message_s: fixed cost of each message in sequence (wake-ups, framing), seconds.
+        latency_factor: one-way latencies each message in sequence costs (TCP's slow start
+            after an idle link makes it more than 1).
+        efficiency: share of the link's rate a transfer reaches.
+        backward_share: share of the step's compute that backward takes (forward: half of it).
+    """
+
+    message_s: float = 0.0
+    latency_factor: float = 1.0
+    efficiency: float = 1.0
+    backward_share: float = 0.6
+
+    @classmethod
+    def load(cls, path: str) -> "Constants":
+        """Constants from a JSON file (as ``benchmarks/tradeoff_fit.py`` writes: a "constants" key)."""
+        with open(path) as f:
+            data = json.load(f)
+        return cls(**data.get("constants", data))
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One algorithm's predicted step: compute, the communication the step waits for, the
+    communication in all (latency and bandwidth parts), messages in sequence and bytes."""
+
+    algorithm: str
+    step_s: float
+    compute_s: float
+    exposed_s: float
+    comm_s: float
+    latency_s: float
+    transfer_s: float
+    hops: int
+    nbytes: float
+
+
+# ---- the message pattern of each algorithm ------------------------------------------------------
+
+def default_buckets(params: float, bucket_bytes: int = BUCKET_BYTES, element_bytes: int = 4) -> list[float]:
+    """Bucket sizes in bytes for ``params`` fp32 parameters cut at ``bucket_bytes``."""
+    total = params * element_bytes
+    full, rest = divmod(total, bucket_bytes)
+    return [float(bucket_bytes)] * int(full) + ([float(rest)] if rest or not full else [])
+
+
+def allreduce_hops(nbytes: float, machines: int, backend: str = "gloo") -> int:
+    """Messages in sequence of an exact ring allreduce of ``nbytes`` over ``machines`` (see the table)."""
+    if machines < 2:
+        return 0
+    if backend == "nccl":
+        return 2 * (machines - 1)
+    segments = max(math.ceil(nbytes / GLOO_SEGMENT_BYTES), 2 * machines)
+    segments = math.ceil(segments / machines) * machines
+    return 2 * math.ceil((segments - segments // machines) / 2)
+
+
+def _ring(nbytes: float, m: int, backend: str, overlap: str, what: str) -> Collective:
+    return Collective(what, 2 * (m - 1) / m * nbytes, allreduce_hops(nbytes, m, backend), overlap)
+
+
+def _compressed(nbytes: float, m: int, overlap: str, what: str) -> Collective:
+    wire = nbytes / 4 * UINT8_BYTES_PER_ELEMENT
+    return Collective(what, 2 * (m - 1) / m * wire, 2 if m > 1 else 0, overlap)
+
+
+def _check(m: int) -> Collective:
+    return Collective("agreement check", (m - 1) * CHECK_BYTES, m - 1, "none")
+
+
+def message_pattern(algorithm: str, buckets: Sequence[float], world_size: int, ranks_per_machine: int = 1,
+                    backend: str = "gloo", checks: bool = True) -> list[Collective]:
+    """The collectives of one step of ``algorithm`` (after any warm-up), with fp32 buckets of
+    ``buckets`` bytes in launch order, on ``world_size`` ranks, ``ranks_per_machine`` per machine;
+    ``checks``: the job checks agreement before public collectives (``check_collectives``).
+
+    Example::
+
+        message_pattern("bytegrad", [13e6], 4)   # [Collective('compressed allreduce', 4.9e6, 2, 'backward')]
+    """
+    check_algorithm(algorithm)
+    m = world_size // ranks_per_machine  # machines: the ring of torch DDP or the hierarchical leaders
+    if m < 2:
+        return []
+    check = [_check(m)] if checks else []
+    if algorithm in ("torch-ddp", "torch-ddp-fp16"):
+        half = algorithm == "torch-ddp-fp16"
+        return [Collective("allreduce", 2 * (world_size - 1) / world_size * (b / 2 if half else b),
+                           allreduce_hops(b / 2 if half else b, m, backend), "backward") for b in buckets]
+    if algorithm == "gradient_allreduce":
+        return [_ring(b, m, backend, "backward", "allreduce") for b in buckets]
+    if algorithm == "bytegrad":
+        return [_compressed(b, m, "backward", "compressed allreduce") for b in buckets]
+    if algorithm == "decentralized":
+        return [_ring(b, m, backend, "forward", "weights allreduce") for b in buckets]
+    if algorithm == "low_precision_decentralized":
+        neighbours = min(2, m - 1)
+        return [c for b in buckets for c in (
+            *check, Collective("ring exchange", neighbours * b / 4 * UINT8_BYTES_PER_ELEMENT, 1, "none"))]
+    if algorithm == "qadam":  # the momentum of all parameters in one buffer, inside optimizer.step()
+        return [*check, _compressed(sum(buckets), m, "none", "compressed momentum allreduce")]
+    return [_ring(sum(buckets), m, backend, "background", "weights allreduce")]  # async
+
+
+def check_algorithm(algorithm: str) -> None:
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; known: {', '.join(ALGORITHMS)}")
+
+
+# ---- step time ------------------------------------------------------------------------------------
+
+def collective_time(c: Collective, link: Link, constants: Constants) -> tuple[float, float]:
+    """(latency part, transfer part) of one collective's time, seconds."""
+    latency = c.hops * (constants.message_s + constants.latency_factor * link.latency_s)
+    transfer = 8 * c.nbytes / (constants.efficiency * link.bandwidth_bit_s)
+    return latency, transfer
+
+
+def exposed_time(pattern: Sequence[Collective], times: Sequence[float], compute_s: float, backward_share: float) -> float:
+    """Seconds of communication the step waits for, as the engine overlaps it: "backward" buckets
+    leave in order as backward produces them (evenly over backward, by bytes), "forward" ones at
+    the start of forward and finish before the step ends backward, "none" after backward."""
+    backward = backward_share * compute_s
+    forward = backward / 2
+    wait, clock = 0.0, 0.0  # clock: end of the last bucket sent during backward (from backward's start)
+    sized = [(c, t) for c, t in zip(pattern, times) if c.overlap == "backward"]
+    total = sum(c.nbytes for c, _ in sized) or 1.0
+    done = 0.0
+    for c, t in sized:
+        done += c.nbytes
+        clock = max(clock, backward * done / total) + t
+    wait += max(0.0, clock - backward)
+    ahead = sum(t for c, t in zip(pattern, times) if c.overlap == "forward")
+    wait += max(0.0, ahead - min(compute_s, forward + backward))
+    return wait + sum(t for c, t in zip(pattern, times) if c.overlap == "none")
+
+
+def predict(algorithm: str, buckets: Sequence[float], world_size: int, link: Link, compute_s: float,
+            constants: Constants = Constants(), ranks_per_machine: int = 1, backend: str = "gloo",
+            checks: bool = True) -> Prediction:
+    """The predicted step of ``algorithm`` (see the module docstring); ``compute_s`` is the step's
+    compute without communication."""
+    if link.bandwidth_bit_s <= 0 or link.latency_s < 0 or compute_s < 0:
+        raise ValueError(f"need a positive bandwidth, latency >= 0 and compute >= 0, got {link} and {compute_s}")
+    pattern = message_pattern(algorithm, buckets, world_size, ranks_per_machine, backend, checks)
+    parts = [collective_time(c, link, constants) for c in pattern]
+    times = [a + b for a, b in parts]
+    exposed = exposed_time(pattern, times, compute_s, constants.backward_share)
+    on_step = [(c, p) for c, p in zip(pattern, parts) if c.overlap != "background"]
+    return Prediction(algorithm, compute_s + exposed, compute_s, exposed, sum(times),
+                      sum(p[0] for _, p in on_step), sum(p[1] for _, p in on_step),
+                      sum(c.hops for c, _ in on_step), sum(c.nbytes for c, _ in on_step))
+
+
+def predict_all(params: float, world_size: int, link: Link, compute_s: float = 0.0,
+                constants: Constants = Constants(), ranks_per_machine: int = 1, backend: str = "nccl",
+                checks: bool = True, algorithms: Sequence[str] = ALGORITHMS) -> list[Prediction]:
+    """Every algorithm's predicted step for ``params`` fp32 parameters in 25 MiB buckets, fastest first."""
+    if world_size < 1 or ranks_per_machine < 1 or world_size % ranks_per_machine:
+        raise ValueError(f"world_size ({world_size}) must be a positive multiple of ranks_per_machine ({ranks_per_machine})")
+    buckets = default_buckets(params)
+    found = [predict(a, buckets, world_size, link, compute_s, constants, ranks_per_machine, backend, checks)
+             for a in algorithms]
+    return sorted(found, key=lambda p: p.step_s)
+
+
+# ---- the command line ---------------------------------------------------------------------------
+
+_NUMBER = r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)"
+_RATE = re.compile(rf"^{_NUMBER}\s*([kmgt]?)(?:bit|bps)?(?:/s)?$", re.IGNORECASE)
+_COUNT = re.compile(rf"^{_NUMBER}\s*([kmbgt]?)$", re.IGNORECASE)
+_SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "b": 1e9, "t": 1e12}
+
+
+def _scaled(pattern: re.Pattern, text: str) -> float:
+    match = pattern.match(str(text).strip())
+    value = float(match.group(1)) * _SCALE[match.group(2).lower()] if match else float("nan")
+    return value if math.isfinite(value) else float("nan")
+
+
+def parse_bandwidth(text: str) -> float:
+    """``"1gbit"``, ``"300mbit"``, ``"10Gbit/s"``, ``"1e9"`` -> bits per second."""
+    value = _scaled(_RATE, text)
+    if not value > 0:
+        raise ValueError(f"bandwidth must be a positive rate in bits such as 1gbit, 300mbit or 10Gbit/s, got {text!r}")
+    return value
+
+
+def parse_count(text: str) -> float:
+    """``"340M"``, ``"3.2m"``, ``"1.5B"``, ``"125000"`` -> a number of parameters."""
+    value = _scaled(_COUNT, text)
+    if not value >= 1:
+        raise ValueError(f"params must be a positive count such as 340M, 3.2M or 1.5B, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
+    return value
+
+
+def _typed(parse):
+    def convert(text: str):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    convert.__name__ = parse.__name__
+    return convert
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bagua.advise", description=(
+        "Predicted step time of each algorithm on a link (alpha-beta model), fastest first. "
+        "Under torchrun without --bandwidth and --latency-ms it measures the link first."),
+        epilog="example: python -m bagua.advise --bandwidth 1gbit --latency-ms 2 --params 340M --world-size 128")
+    p.add_argument("--params", required=True, type=_typed(parse_count), help="model parameters, e.g. 340M")
+    p.add_argument("--bandwidth", type=_typed(parse_bandwidth), help="link bandwidth each way, e.g. 1gbit, 100mbit")
+    p.add_argument("--latency-ms", type=_non_negative, help="one-way latency between machines, ms")
+    p.add_argument("--world-size", type=_positive_int, help="ranks (default under torchrun: the job's)")
+    p.add_argument("--ranks-per-machine", type=_positive_int, default=1,
+                   help="ranks (GPUs) per machine, exact within one (default 1: every rank its own machine)")
+    p.add_argument("--compute-ms", type=_non_negative, default=None,
+                   help="one step's compute (forward, backward, optimizer) without communication; without it "
+                        "the ranking is by the communication a step waits for, nothing hidden")
+    p.add_argument("--backend", choices=("nccl", "gloo"), default=None,
+                   help="how exact allreduces run (default nccl; measured: the job's)")
+    p.add_argument("--no-checks", action="store_true",
+                   help="the job runs with check_collectives=False (BAGUA_CHECK_COLLECTIVES=0): no agreement check")
+    p.add_argument("--constants", default=None, help="fitted constants (JSON from benchmarks/tradeoff_fit.py)")
+    p.add_argument("--probe-mb", type=float, default=16.0, help="large allreduce of the link measurement, MB")
+    p.add_argument("--json", action="store_true", help="print the predictions as JSON")
+    args = p.parse_args(argv)
+    if (args.bandwidth is None) != (args.latency_ms is None):
+        p.error("give both --bandwidth and --latency-ms, or neither (then run under torchrun to measure the link)")
+    if args.bandwidth is None and "WORLD_SIZE" not in os.environ:
+        p.error("no link given: pass --bandwidth and --latency-ms (e.g. --bandwidth 1gbit --latency-ms 2), "
+                "or run under torchrun (torchrun --nproc-per-node 2 -m bagua.advise --params ...) to measure it")
+    if args.bandwidth is None and int(os.environ["WORLD_SIZE"]) < 2:
+        p.error("measuring the link needs at least 2 ranks (torchrun --nproc-per-node 2 ...)")
+    if args.bandwidth is not None and args.world_size is None:
+        p.error("--world-size is needed with a stated link (e.g. --world-size 128)")
+    if not args.probe_mb > 0:
+        p.error(f"--probe-mb must be positive, got {args.probe_mb}")
+    if args.world_size is not None and args.world_size % args.ranks_per_machine:
+        p.error(f"--world-size ({args.world_size}) must be a multiple of --ranks-per-machine ({args.ranks_per_machine})")
+    return args
+
+
+def measure_link(probe_bytes: int, repeats: int = 5) -> tuple[Link, dict]:
+    """Measure this job's link with exact allreduces of two sizes (4 KB and ``probe_bytes``) on
+    the default group: median times fitted to ``hops * latency + bytes / bandwidth``. Call on
+    every rank of a job initialized with ``check_collectives=False`` (an agreement check would
+    add its own messages); returns the link and what was measured."""
+    import torch
+
+    from . import comm
+
+    world = comm.get_world_size()  # the ranks as machines: the link between any two of them
+    backend = "nccl" if comm.get_default_group().backend == "nccl" else "gloo"
+    device = "cuda" if backend == "nccl" else "cpu"
+    sizes = (4096, probe_bytes)
+    medians = []
+    for size in sizes:
+        tensor = torch.zeros(size // 4, device=device)
+        comm.allreduce(tensor)  # a first call connects and warms up
+        times = []
+        for _ in range(repeats):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            comm.allreduce(tensor)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        verdict = torch.tensor([statistics.median(times)], dtype=torch.float64)
+        comm.allreduce(verdict, op=comm.ReduceOp.MAX)  # the slowest rank's median: what a step waits for
+        medians.append(float(verdict))
+    hops = [allreduce_hops(s, world, backend) for s in sizes]
+    moved = [2 * (world - 1) / world * s for s in sizes]
+    per_byte = max((medians[1] - medians[0] * hops[1] / hops[0]) / (moved[1] - moved[0] * hops[1] / hops[0]), 1e-12)
+    latency = max(0.0, (medians[0] - moved[0] * per_byte) / hops[0])
+    details = {"sizes_bytes": sizes, "median_s": medians, "hops": hops, "world_size": world, "backend": backend,
+               "repeats": repeats}
+    return Link(8 / per_byte, latency), details
+
+
+def report(predictions: Sequence[Prediction], header: str, compute_given: bool) -> str:
+    """The ranked table the command line prints."""
+    ddp = next((p for p in predictions if p.algorithm == "torch-ddp"), predictions[0])
+    lines = [header, "", f"{'rank':<5}{'algorithm':<29}{'step ms':>10}{'waits ms':>10}{'hops':>6}{'MB/step':>9}"
+             f"{'x DDP':>7}  accuracy"]
+    for i, p in enumerate(predictions, 1):
+        speed = f"{ddp.step_s / p.step_s:>6.2f}x" if p.step_s > 0 else f"{'-':>7}"
+        note = ACCURACY[p.algorithm]
+        if p.algorithm == "async":
+            note += f"; one averaging round takes {p.comm_s * 1e3:.0f} ms in the background"
+        lines.append(f"{i:<5}{p.algorithm:<29}{p.step_s * 1e3:>10.1f}{p.exposed_s * 1e3:>10.1f}{p.hops:>6}"
+                     f"{p.nbytes / 1e6:>9.1f}{speed}  {note}")
+    lines.append("")
+    if not compute_given:
+        lines.append("no --compute-ms: step = the communication a step waits for (none hidden behind compute).")
+    lines.append("A prediction of the alpha-beta model, not a measurement. Faster is not better if the "
+                 "algorithm needs more steps: exact results only from torch-ddp and gradient_allreduce "
+                 "(see docs/choosing_an_algorithm.md).")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m bagua.advise``: print every algorithm's predicted step time, fastest first."""
+    args = parse_args(argv)
+    constants = Constants.load(args.constants) if args.constants else Constants()
+    rank, measured = 0, None
+    if args.bandwidth is None:
+        from . import comm
+
+        comm.init_process_group(check_collectives=False)  # the probes: allreduces alone
+        rank = comm.get_rank()
+        link, measured = measure_link(int(args.probe_mb * 1e6))
+        world = args.world_size or comm.get_world_size()
+        backend = args.backend or measured["backend"]
+        comm.destroy_process_group()
+        if world % args.ranks_per_machine:
+            raise SystemExit(f"--world-size ({world}) must be a multiple of --ranks-per-machine ({args.ranks_per_machine})")
+    else:
+        link = Link(args.bandwidth, args.latency_ms / 1e3)
+        world, backend = args.world_size, args.backend or "nccl"
+    rpm = args.ranks_per_machine
+    if rank:
+        return 0
+    compute = (args.compute_ms or 0.0) / 1e3
+    found = predict_all(args.params, world, link, compute, constants, rpm, backend, not args.no_checks)
+    if args.json:
+        print(json.dumps({"link": asdict(link), "measured": measured, "predictions": [asdict(p) for p in found]}))
+        return 0
+    header = (f"{args.params / 1e6:g}M parameters (fp32), {world} ranks, {rpm} per machine, "
+              f"{link.bandwidth_bit_s / 1e6:g} Mbit/s, {link.latency_s * 1e3:g} ms one way, {backend}")
+    if measured:
+        header = (f"measured: {link.bandwidth_bit_s / 1e6:.0f} Mbit/s and {link.latency_s * 1e3:.3f} ms per message "
+                  f"in sequence, from exact allreduces of {measured['sizes_bytes'][0] / 1e3:g} KB and "
+                  f"{measured['sizes_bytes'][1] / 1e6:g} MB on {measured['world_size']} ranks ({backend}; "
+                  f"medians {measured['median_s'][0] * 1e3:.2f} ms and {measured['median_s'][1] * 1e3:.1f} ms)\n" + header)
+    print(report(found, header, args.compute_ms is not None))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The cost model of bagua.advise: message counts from the code, the overlap arithmetic, and the
+pattern's bytes against what the algorithms really send (bagua's traffic counters, 3 real ranks)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import bagua
+from bagua.advise import (
+    ALGORITHMS, UINT8_BYTES_PER_ELEMENT, Collective, Constants, Link, allreduce_hops, default_buckets, exposed_time,
+    message_pattern, predict, predict_all,
+)
+from bagua.comm.compression import MinMaxUInt8
+from tests.harness import run_ranks
+
+MB13 = 12_966_912  # the tradeoff study's LM: one bucket of 3.24M fp32 gradients
+
+
+def test_gloo_ring_keeps_two_segments_in_flight():
+    # small: 2m segments -> 2(m-1) messages in sequence, as the textbook ring
+    assert [allreduce_hops(4096, m) for m in (2, 4, 8)] == [2, 6, 14]
+    # 13 MB on 4 machines: 16 segments of 0.8 MB, 12 sent per phase two at a time -> 2 x 6
+    assert allreduce_hops(MB13, 4) == 12
+    assert allreduce_hops(MB13 / 2, 4) == 6  # fp16: 8 segments
+    assert allreduce_hops(MB13, 8) == 14
+    # NCCL: data crosses each machine boundary twice; nothing for one machine
+    assert allreduce_hops(25 << 20, 16, "nccl") == 30 and allreduce_hops(1e9, 1) == 0
+
+
+def test_each_algorithms_step_as_counted_from_the_code():
+    wire = MB13 / 4 * UINT8_BYTES_PER_ELEMENT
+    ddp = message_pattern("torch-ddp", [MB13], 4)
+    assert ddp == [Collective("allreduce", 1.5 * MB13, 12, "backward")]
+    assert message_pattern("torch-ddp-fp16", [MB13], 4)[0].nbytes == 0.75 * MB13
+    assert message_pattern("gradient_allreduce", [MB13], 4) == ddp
+    assert message_pattern("bytegrad", [MB13], 4) == [Collective("compressed allreduce", 1.5 * wire, 2, "backward")]
+    assert message_pattern("decentralized", [MB13], 4)[0].overlap == "forward"
+    check, exchange = message_pattern("low_precision_decentralized", [MB13], 4)
+    assert (check.hops, exchange.hops, exchange.nbytes, exchange.overlap) == (3, 1, 2 * wire, "none")
+    assert message_pattern("low_precision_decentralized", [MB13], 2)[1].nbytes == wire  # one neighbour
+    assert [c.hops for c in message_pattern("low_precision_decentralized", [MB13] * 2, 4, checks=False)] == [1, 1]
+    qadam = message_pattern("qadam", [MB13, MB13], 4)
+    assert [c.hops for c in qadam] == [3, 2] and qadam[1].nbytes == pytest.approx(3 * wire)  # one buffer
+    assert [c.overlap for c in message_pattern("async", [MB13], 4)] == ["background"]
+    assert all(message_pattern(a, [MB13], 1) == [] for a in ALGORITHMS)
+    # 128 ranks, 8 per machine: bagua hierarchical among 16 machines, torch's ring crosses them
+    assert message_pattern("bytegrad", [MB13], 128, 8)[0].nbytes == pytest.approx(2 * 15 / 16 * wire)
+    assert message_pattern("torch-ddp", [MB13], 128, 8, "nccl")[0].nbytes == pytest.approx(2 * 127 / 128 * MB13)
+    with pytest.raises(ValueError, match="unknown algorithm 'adam'; known: torch-ddp"):
+        message_pattern("adam", [MB13], 4)
+
+
+def test_the_codec_constant_is_the_real_codecs_wire_size():
+    for n in (1024, 1 << 20):
+        payload = MinMaxUInt8().encode(torch.randn(n))
+        assert payload.data.numel() * payload.data.element_size() == n * UINT8_BYTES_PER_ELEMENT
+
+
+def test_overlap_follows_the_engine():
+    one = [Collective("a", 1.0, 1, "backward")]
+    assert exposed_time(one, [0.3], compute_s=1.0, backward_share=0.6) == pytest.approx(0.3)  # ready at backward's end
+    two = [Collective("a", 1.0, 1, "backward")] * 2
+    # the first bucket leaves halfway through backward (0.3 s), is done by its end: only the last waits
+    assert exposed_time(two, [0.2, 0.2], 1.0, 0.6) == pytest.approx(0.2)
+    # a first bucket longer than what is left of backward pushes the second back
+    assert exposed_time(two, [0.5, 0.2], 1.0, 0.6) == pytest.approx(0.5 + 0.2 - 0.3)
+    ahead = [Collective("w", 1.0, 1, "forward")]  # hides behind forward (0.3) and backward (0.6)
+    assert exposed_time(ahead, [0.5], 1.0, 0.6) == 0.0 and exposed_time(ahead, [1.2], 1.0, 0.6) == pytest.approx(0.3)
+    after = [Collective("x", 1.0, 1, "none"), Collective("y", 1.0, 1, "background")]
+    assert exposed_time(after, [0.25, 9.0], 1.0, 0.6) == 0.25
+
+
+def test_a_prediction_adds_latencies_and_transfers():
+    constants = Constants(message_s=1e-4, latency_factor=2.0, efficiency=0.5, backward_share=0.6)
+    p = predict("low_precision_decentralized", [MB13], 4, Link(100e6, 0.005), compute_s=0.3, constants=constants)
+    assert p.hops == 4 and p.latency_s == pytest.approx(4 * (1e-4 + 2 * 0.005))
+    assert p.transfer_s == pytest.approx(8 * (3 * 144 + 2 * MB13 / 4 * UINT8_BYTES_PER_ELEMENT) / 50e6)
+    assert p.step_s == pytest.approx(0.3 + p.latency_s + p.transfer_s) and p.exposed_s == pytest.approx(p.comm_s)
+    slow = predict("async", [MB13], 4, Link(1e6), compute_s=0.3)
+    assert slow.step_s == 0.3 and slow.comm_s > 100 and slow.nbytes == 0  # its averaging is off the step
+    with pytest.raises(ValueError, match="positive bandwidth"):
+        predict("bytegrad", [MB13], 4, Link(0.0), 0.1)
+
+
+def test_predict_all_ranks_fastest_first_and_buckets_at_25_mib():
+    assert default_buckets(340e6) == [25 << 20] * 51 + [340e6 * 4 - 51 * (25 << 20)]
+    assert default_buckets(1e6) == [4e6]
+    found = predict_all(340e6, 16, Link(1e9, 0.002), compute_s=0.5)
+    steps = [p.step_s for p in found]
+    assert steps == sorted(steps) and {p.algorithm for p in found} == set(ALGORITHMS)
+    assert found[0].algorithm == "async" and found[-1].algorithm in ("torch-ddp", "gradient_allreduce", "decentralized")
+    with pytest.raises(ValueError, match="multiple of ranks_per_machine"):
+        predict_all(340e6, 12, Link(1e9), ranks_per_machine=8)
+
+
+def _one_step_traffic(rank: int, name: str) -> dict:
+    """Bytes by collective kind that one step of ``name`` sends, after a warm-up step."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 40))
+    if name == "qadam":
+        opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=1)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ddp = bagua.DistributedDataParallel(model, [opt], algorithm=name)
+    x = torch.randn(8, 256)
+    for step in range(2):
+        before = bagua.comm.traffic_by_kind()
+        opt.zero_grad()
+        ddp(x).square().mean().backward()
+        opt.step()
+    after = bagua.comm.traffic_by_kind()
+    buckets = [b.flat.numel() * b.flat.element_size() for b in ddp.buckets]
+    ddp.close()
+    return {"sent": {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}, "buckets": buckets}
+
+
+def _all_algorithms(rank: int) -> dict:
+    return {name: _one_step_traffic(rank, name) for name in
+            ("gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "qadam")}
+
+
+def test_the_pattern_sends_what_the_algorithms_send():
+    """3 ranks (a ring with two distinct neighbours): each algorithm's bytes by collective, as bagua
+    counts them while it runs, against the pattern's (the agreement check is not counted there)."""
+    kind = {"allreduce": "allreduce", "weights allreduce": "allreduce", "compressed allreduce": "compressed_allreduce",
+            "compressed momentum allreduce": "compressed_allreduce", "ring exchange": "alltoall_v"}
+    measured = run_ranks(_all_algorithms, 3, timeout=120)[0]
+    for name, got in measured.items():
+        expected: dict = {}
+        for c in message_pattern(name, got["buckets"], 3):
+            if c.what != "agreement check":
+                expected[kind[c.what]] = expected.get(kind[c.what], 0) + c.nbytes
+        assert set(got["sent"]) == set(expected), name
+        for k, nbytes in expected.items():
+            assert math.isclose(got["sent"][k], nbytes, rel_tol=0.01), (name, k, got["sent"][k], nbytes)
