@@ -56,7 +56,7 @@ from typing import Any, Optional
 
 import torch
 
-from ..comm import BaguaProcessGroup, Bucket, ReduceOp, allreduce, new_group
+from ..comm import BaguaProcessGroup, Bucket, ReduceOp, allreduce, checks, new_group
 from .base import Algorithm, AlgorithmImpl, check_choice, check_positive_int
 from .gradient_allreduce import append_gradient_allreduce
 
@@ -179,19 +179,23 @@ class AsyncModelAverageImpl(AlgorithmImpl):
 
     def _loop(self) -> None:
         try:
-            while True:
-                with self._cond:
-                    self._cond.wait_for(lambda: self._state == _OFFERED or self._stop_requested, timeout=_POLL_S)
-                    flags = torch.tensor([float(self._stop_requested), float(self._state != _OFFERED)],
-                                         device=self._snapshot.device)
-                allreduce(flags, op=ReduceOp.MAX, group=self.group)
-                if flags[0] > 0:
-                    return  # some rank asked to stop: every rank leaves at this same round
-                if flags[1] == 0:
-                    self._average_round()
+            with checks.trusted():  # every rank's loop issues the same two calls per round on its own group
+                self._rounds()
         except BaseException as error:  # surfaced on the training thread at the next forward
             logger.warning("bagua async model averaging stopped: %s", error)
             self._error = error
+
+    def _rounds(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._state == _OFFERED or self._stop_requested, timeout=_POLL_S)
+                flags = torch.tensor([float(self._stop_requested), float(self._state != _OFFERED)],
+                                     device=self._snapshot.device)
+            allreduce(flags, op=ReduceOp.MAX, group=self.group)
+            if flags[0] > 0:
+                return  # some rank asked to stop: every rank leaves at this same round
+            if flags[1] == 0:
+                self._average_round()
 
     @torch.no_grad()
     def _average_round(self) -> None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from ..comm import BaguaProcessGroup, Bucket, ReduceOp, allreduce, alltoall_v, broadcast
+from ..comm import BaguaProcessGroup, Bucket, ReduceOp, allreduce, alltoall_v, broadcast, checks
 from ..comm.compression import MinMaxUInt8, Payload
 from .base import Algorithm, AlgorithmImpl, WeightCommunicationImpl, check_positive_int
 from .gradient_allreduce import hierarchical_node_groups
@@ -141,6 +141,10 @@ class LowPrecisionDecentralizedImpl(WeightCommunicationImpl):
         forward when this rank's step did not happen (GradScaler skipped it, or it raised), so
         every rank still exchanges once per communication step and nobody waits forever."""
         self.communicating = False
+        with checks.trusted():  # the engine verified the buckets alike on every rank; every rank is here
+            self._exchange_buckets(ddp)
+
+    def _exchange_buckets(self, ddp) -> None:
         for bucket in ddp.buckets:
             if self.node_groups is not None:
                 allreduce(bucket.flat, op=ReduceOp.AVG, group=self.node_groups.intra)
