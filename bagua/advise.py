@@ -194,8 +194,7 @@ def message_pattern(algorithm: str, buckets: Sequence[float], world_size: int, r
         return [_ring(b, m, backend, "forward", "weights allreduce") for b in buckets]
     if algorithm == "low_precision_decentralized":
         neighbours = min(2, m - 1)
-        return [c for b in buckets for c in (
-            *check, Collective("ring exchange", neighbours * b / 4 * UINT8_BYTES_PER_ELEMENT, 1, "none"))]
+        return [Collective("ring exchange", neighbours * b / 4 * UINT8_BYTES_PER_ELEMENT, 1, "none") for b in buckets]
     if algorithm == "qadam":  # the momentum of all parameters in one buffer, inside optimizer.step()
         return [*check, _compressed(sum(buckets), m, "none", "compressed momentum allreduce")]
     return [_ring(sum(buckets), m, backend, "background", "weights allreduce")]  # async

@@ -38,10 +38,10 @@ def test_each_algorithms_step_as_counted_from_the_code():
     assert message_pattern("gradient_allreduce", [MB13], 4) == ddp
     assert message_pattern("bytegrad", [MB13], 4) == [Collective("compressed allreduce", 1.5 * wire, 2, "backward")]
     assert message_pattern("decentralized", [MB13], 4)[0].overlap == "forward"
-    check, exchange = message_pattern("low_precision_decentralized", [MB13], 4)
-    assert (check.hops, exchange.hops, exchange.nbytes, exchange.overlap) == (3, 1, 2 * wire, "none")
-    assert message_pattern("low_precision_decentralized", [MB13], 2)[1].nbytes == wire  # one neighbour
-    assert [c.hops for c in message_pattern("low_precision_decentralized", [MB13] * 2, 4, checks=False)] == [1, 1]
+    exchange, = message_pattern("low_precision_decentralized", [MB13], 4)  # no agreement check: trusted
+    assert (exchange.hops, exchange.nbytes, exchange.overlap) == (1, 2 * wire, "none")
+    assert message_pattern("low_precision_decentralized", [MB13], 2)[0].nbytes == wire  # one neighbour
+    assert [c.hops for c in message_pattern("low_precision_decentralized", [MB13] * 2, 4)] == [1, 1]
     qadam = message_pattern("qadam", [MB13, MB13], 4)
     assert [c.hops for c in qadam] == [3, 2] and qadam[1].nbytes == pytest.approx(3 * wire)  # one buffer
     assert [c.overlap for c in message_pattern("async", [MB13], 4)] == ["background"]
