@@ -76,8 +76,8 @@ def test_overlap_follows_the_engine():
 def test_a_prediction_adds_latencies_and_transfers():
     constants = Constants(message_s=1e-4, latency_factor=2.0, efficiency=0.5, backward_share=0.6)
     p = predict("low_precision_decentralized", [MB13], 4, Link(100e6, 0.005), compute_s=0.3, constants=constants)
-    assert p.hops == 4 and p.latency_s == pytest.approx(4 * (1e-4 + 2 * 0.005))
-    assert p.transfer_s == pytest.approx(8 * (3 * 144 + 2 * MB13 / 4 * UINT8_BYTES_PER_ELEMENT) / 50e6)
+    assert p.hops == 1 and p.latency_s == pytest.approx(1e-4 + 2 * 0.005)
+    assert p.transfer_s == pytest.approx(8 * (2 * MB13 / 4 * UINT8_BYTES_PER_ELEMENT) / 50e6)
     assert p.step_s == pytest.approx(0.3 + p.latency_s + p.transfer_s) and p.exposed_s == pytest.approx(p.comm_s)
     slow = predict("async", [MB13], 4, Link(1e6), compute_s=0.3)
     assert slow.step_s == 0.3 and slow.comm_s > 100 and slow.nbytes == 0  # its averaging is off the step
