@@ -261,7 +261,7 @@ class MinMaxUInt8(Codec):
     wire_dtype: ClassVar[torch.dtype] = torch.uint8
 
     def __init__(self, block_size: int = _mm.DEFAULT_BLOCK_SIZE) -> None:
-        _mm._check_block_size(block_size)
+        _mm.WIRE.check_block_size(block_size)
         self.block_size = block_size
 
     def __repr__(self) -> str:

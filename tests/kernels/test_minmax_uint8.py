@@ -8,13 +8,14 @@ import sys
 import pytest
 import torch
 
+from bagua.kernels import _codec, _triton
 from bagua.kernels import minmax_uint8 as mm
 
 HAS_CUDA = torch.cuda.is_available()
 # Without CUDA the Triton kernels run on CPU tensors through the interpreter (set in conftest.py).
 KERNEL_DEVICE = "cuda" if HAS_CUDA else "cpu"
 needs_triton = pytest.mark.skipif(
-    not mm.HAS_TRITON or (not HAS_CUDA and not mm._triton_interpreting()),
+    not mm.HAS_TRITON or (not HAS_CUDA and not _triton.triton_interpreting()),
     reason="needs triton, with CUDA or TRITON_INTERPRET=1",
 )
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -65,7 +66,7 @@ def test_triton_decode_into_out_and_unaligned_wire():
 @pytest.mark.parametrize("path", ["reference", "triton"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_nonfinite_raises_naming_the_block(path, bad):
-    if path == "triton" and not (mm.HAS_TRITON and (HAS_CUDA or mm._triton_interpreting())):
+    if path == "triton" and not (mm.HAS_TRITON and (HAS_CUDA or _triton.triton_interpreting())):
         pytest.skip("needs triton")
     x = torch.randn(3000)
     x[2100] = bad
@@ -141,7 +142,7 @@ def test_chunked_reference_matches_one_shot(monkeypatch):
     x = _data(10_000, torch.float16, seed=9)
     whole = mm.encode(x, 256)
     y16, y32 = mm.decode(whole, 10_000, 256, dtype=torch.float16), mm.decode(whole, 10_000, 256)
-    monkeypatch.setattr(mm, "_REF_CHUNK_ELEMS", 512)  # many chunks and a tail
+    monkeypatch.setattr(_codec, "REF_CHUNK_ELEMS", 512)  # many chunks and a tail
     assert torch.equal(mm.encode(x, 256), whole)
     assert torch.equal(mm.decode(whole, 10_000, 256, dtype=torch.float16), y16)
     assert torch.equal(mm.decode(whole, 10_000, 256), y32)
@@ -202,8 +203,8 @@ def test_cpu_dispatches_to_reference(monkeypatch):
 
 
 def test_missing_triton_gives_clear_error(monkeypatch):
-    monkeypatch.setattr(mm, "triton", None)
-    monkeypatch.setattr(mm, "_TRITON_IMPORT_ERROR", ImportError("No module named 'triton'"))
+    monkeypatch.setattr(_triton, "triton", None)
+    monkeypatch.setattr(_triton, "TRITON_IMPORT_ERROR", ImportError("No module named 'triton'"))
     with pytest.raises(RuntimeError, match=r"pip install 'bagua-torch\[gpu\]' \(in a clone: pip install -e '\.\[gpu\]'\)"):
         mm.encode_triton(torch.randn(10))
     with pytest.raises(RuntimeError, match=r"pip install 'bagua-torch\[gpu\]' \(in a clone: pip install -e '\.\[gpu\]'\)"):
