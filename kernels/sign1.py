@@ -1,0 +1,454 @@
+"""Sign1 codec: one sign bit per element and one float32 scale per block, the block's mean |x|.
+
+The same math three ways, as :mod:`bagua.kernels.minmax_uint8`: Triton kernels
+(``encode_triton`` / ``decode_triton``), a plain-torch reference (``encode_reference`` /
+``decode_reference``, the production path on CPU) and the dispatching ``encode`` / ``decode``.
+
+Wire layout for ``numel`` elements and block size ``B`` (a power of two >= 8; ``nb = ceil(numel /
+B)`` blocks), a 1-D ``torch.uint8`` tensor of ``4 * nb + ceil(numel / 8)`` bytes::
+
+    [ scale_0, scale_1, ..., scale_{nb-1} ]     nb float32 (4*nb bytes)
+    [ byte_0, byte_1, ... ]                      bit j of byte k: element 8k + j is >= 0 (1) or < 0 (0)
+
+A block of ``L`` elements (``B``, or fewer for the last one)::
+
+    scale = S / L     S = the sum of |x| over the block padded with zeros to B elements, added as a
+                          fixed pairwise tree (x[i] + x[i + B/2], then again on the halves ...)
+    x'    = +scale if x >= 0 else -scale
+
+Why the mean of |x|: among all ``s * sign(x)`` it is the ``s`` of least squared error (the
+derivative of sum((|x| - s)^2) vanishes at the mean), and it keeps the block's L1 norm: the decoded
+block has sum |x'| = sum |x|. (1-bit Adam's scale, ||x||_2 / sqrt(L), keeps the L2 norm instead and
+errs more.) An all-zero block decodes to exact zeros. The fixed tree makes the scale a function of
+the block alone: the same bits on the GPU, in the interpreter and in the reference, wherever the
+block lies in a tensor.
+
+A block holding NaN or +-Inf, or whose sum of |x| overflows float32, is marked by a NaN scale and
+zero bits (it decodes to NaN); ``encode`` then raises ``ValueError`` unless ``check_finite=False``.
+
+``tail_lengths`` encodes a stream of whole blocks whose last blocks are padded (what
+``bagua.comm.compressed`` sends: each tensor's short last block padded to B): block ``nb - t + i``
+of a stream with ``t = len(tail_lengths)`` holds ``tail_lengths[i]`` real elements, and its scale is
+theirs alone. The padding still gets sign bits, which nobody reads.
+
+Example::
+
+    >>> import torch
+    >>> from bagua.kernels import sign1
+    >>> x = torch.tensor([0.5, -1.5, 2.0, -1.0])
+    >>> wire = sign1.encode(x, block_size=8)             # 4 + 1 bytes
+    >>> sign1.decode(wire, 4, block_size=8).tolist()
+    [1.25, -1.25, 1.25, -1.25]
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+
+from . import _codec
+from ._codec import SUPPORTED_DTYPES, ref_chunks, ref_scratch
+from ._triton import HAS_TRITON, device_guard, launches, store_rne, tl, triton
+
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "SUPPORTED_DTYPES",
+    "HAS_TRITON",
+    "wire_numel",
+    "encode",
+    "decode",
+    "encode_reference",
+    "decode_reference",
+    "encode_triton",
+    "decode_triton",
+]
+
+DEFAULT_BLOCK_SIZE = 1024
+WIRE = _codec.BlockWire("Sign1", header_floats=1, elements_per_byte=8)
+TailLengths = Optional[Union[Sequence[int], torch.Tensor]]
+
+# decoding table: byte -> its eight elements' signs, +-1.0, bit 0 first
+_SIGNS = torch.tensor([[1.0 if (byte >> j) & 1 else -1.0 for j in range(8)] for byte in range(256)])
+
+
+def wire_numel(numel: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
+    """Length in bytes of the wire tensor for ``numel`` input elements.
+
+    Returns:
+        ``4 * ceil(numel / block_size) + ceil(numel / 8)``.
+
+    Example::
+
+        >>> wire_numel(5000, 1024)
+        645
+    """
+    return WIRE.wire_numel(numel, block_size)
+
+
+def _overflow(block: torch.Tensor) -> str:
+    return f"a sum of |x| that overflows float32 (max |x| {float(block.float().abs().max())})"
+
+
+def _tails(tail_lengths: TailLengths, numel: int, block_size: int) -> Optional[torch.Tensor]:
+    """``tail_lengths`` checked, as an int32 tensor (None when not given)."""
+    if tail_lengths is None:
+        return None
+    lengths = torch.as_tensor(tail_lengths, dtype=torch.int64).reshape(-1).cpu()
+    nb = WIRE.num_blocks(numel, block_size)
+    if numel % block_size or lengths.numel() > nb or (lengths.numel() and not (
+            bool((lengths >= 1).all()) and bool((lengths <= block_size).all()))):
+        raise ValueError(
+            f"tail_lengths are the real lengths (1 to block_size = {block_size}) of the last blocks of a "
+            f"stream of whole blocks; got {lengths.numel()} lengths for {numel} elements "
+            f"(min {int(lengths.min()) if lengths.numel() else '-'}, max {int(lengths.max()) if lengths.numel() else '-'})"
+        )
+    return lengths.to(torch.int32)
+
+
+# --------------------------------------------------------------------------------------------
+# plain-torch reference (the production path for CPU tensors)
+# --------------------------------------------------------------------------------------------
+
+
+def _tree_sum_(a: torch.Tensor) -> torch.Tensor:
+    """Sums each row of ``a`` [m, B] (B a power of two) as the kernel does, in place: a[:, i] +=
+    a[:, i + B/2], then on the first half again ...; returns the [m, 1] sums (a view of a)."""
+    width = a.shape[1]
+    while width > 1:
+        width //= 2
+        a[:, :width].add_(a[:, width : 2 * width])
+    return a[:, :1]
+
+
+def _pack_(signs: torch.Tensor, out: torch.Tensor) -> None:
+    """Packs ``signs`` (bool, a multiple of 8 elements) into ``out`` (uint8), bit j of byte k
+    being element 8k + j."""
+    groups = signs.view(-1, 8).view(torch.uint8)
+    torch.bitwise_left_shift(groups[:, 7], 7, out=out)
+    for j in range(7):
+        out.bitwise_or_(groups[:, j] << j)
+
+
+def _encode_rows(
+    rows: torch.Tensor, lengths: Optional[torch.Tensor], block: int, scales: torch.Tensor, bits: torch.Tensor,
+    scratch: torch.Tensor,
+) -> None:
+    """Encodes each row of ``rows`` [m, L] (L = block, or one short row: a tensor's last block) into
+    ``scales`` [m] and ``bits`` [ceil(m * L / 8)]; ``lengths`` [m]: the real elements of each row
+    (None: all of them)."""
+    m, length = rows.shape
+    a = scratch[: m * block].view(m, block)
+    a[:, length:].zero_()
+    a[:, :length].copy_(rows).abs_()  # half inputs are upcast exactly
+    if lengths is not None:
+        a.masked_fill_(torch.arange(block, device=a.device)[None, :] >= lengths[:, None], 0.0)
+        count = lengths.to(torch.float32)[:, None]
+    else:
+        count = torch.full((m, 1), float(length), device=a.device)
+    scale = _tree_sum_(a) / count  # tensor / tensor: an IEEE division, as the kernel's div_rn
+    bad = ~torch.isfinite(scale)  # NaN or Inf in the block, or the sum overflowed
+    signs = rows >= 0
+    if bool(bad.any()):
+        scale.masked_fill_(bad, float("nan"))
+        signs.masked_fill_(bad, False)
+    if length % 8:  # a tensor's last block: its last byte is filled up as the kernel fills it
+        signs = torch.cat([signs.view(-1), signs.new_ones(8 - length % 8)])
+    scales.copy_(scale.view(-1))
+    _pack_(signs, bits)
+
+
+def _encode_reference_raw(
+    x_flat: torch.Tensor, wire: torch.Tensor, block_size: int, tail_lengths: Optional[torch.Tensor] = None
+) -> None:
+    numel = x_flat.numel()
+    nb = WIRE.num_blocks(numel, block_size)
+    if nb == 0:
+        return
+    scales, bits = WIRE.header_for_write(wire, nb), WIRE.codes(wire, numel, block_size)
+    lengths = torch.full((nb,), block_size, dtype=torch.int32, device=x_flat.device) if tail_lengths is not None else None
+    if lengths is not None and tail_lengths.numel():
+        lengths[nb - tail_lengths.numel():] = tail_lengths.to(x_flat.device)
+    first_tail = nb - (0 if tail_lengths is None else tail_lengths.numel())
+    scratch = ref_scratch(numel, block_size, x_flat.device)
+    for e0, rows, length in ref_chunks(numel, block_size):
+        b0 = e0 // block_size
+        _encode_rows(
+            x_flat[e0 : e0 + rows * length].view(rows, length),
+            lengths[b0 : b0 + rows] if lengths is not None and b0 + rows > first_tail else None,
+            block_size, scales[b0 : b0 + rows], bits[e0 // 8 : -(-(e0 + rows * length) // 8)], scratch,
+        )  # fmt: skip
+    WIRE.flush_header(wire, scales, nb)
+
+
+def _decode_reference_raw(wire: torch.Tensor, numel: int, block_size: int, out_flat: torch.Tensor) -> None:
+    nb = WIRE.num_blocks(numel, block_size)
+    if nb == 0:
+        return
+    scales, bits = WIRE.read_header(wire, nb), WIRE.codes(wire, numel, block_size)
+    table = _SIGNS.to(out_flat.device)
+    scratch = ref_scratch(numel, block_size, out_flat.device)
+    for e0, rows, length in ref_chunks(numel, block_size):
+        b0, e1 = e0 // block_size, e0 + rows * length
+        direct = out_flat.dtype == torch.float32 and length % 8 == 0
+        y = out_flat[e0:e1] if direct else scratch[: -(-(e1 - e0) // 8) * 8]
+        torch.index_select(table, 0, bits[e0 // 8 : -(-e1 // 8)].int(), out=y.view(-1, 8))  # +-1 per element
+        y = y[: e1 - e0].view(rows, length)
+        y.mul_(scales[b0 : b0 + rows, None])  # +-scale, exactly
+        if not direct:
+            out_flat[e0:e1].view(rows, length).copy_(y)  # to the output dtype: round to nearest even
+
+
+def encode_reference(
+    x: torch.Tensor,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    out: Optional[torch.Tensor] = None,
+    *,
+    check_finite: bool = True,
+    tail_lengths: TailLengths = None,
+) -> torch.Tensor:
+    """Plain-torch Sign1 encode (any device); the same bytes as the Triton kernel.
+
+    Args/returns/raises as :func:`encode`.
+
+    Example::
+
+        >>> encode_reference(torch.ones(10), block_size=8).numel()
+        10
+    """
+    tails = _tails(tail_lengths, x.numel(), block_size) if isinstance(x, torch.Tensor) else None
+    return WIRE.encode_with(_encode_reference_raw, _overflow, x, block_size, out, check_finite, tails)
+
+
+def decode_reference(
+    wire: torch.Tensor,
+    numel: int,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    out: Optional[torch.Tensor] = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Plain-torch Sign1 decode (any device); the same values as the Triton kernel.
+
+    Args/returns/raises as :func:`decode`.
+
+    Example::
+
+        >>> decode_reference(encode_reference(-torch.ones(10), 8), 10, 8)[:3]
+        tensor([-1., -1., -1.])
+    """
+    return WIRE.decode_with(_decode_reference_raw, wire, numel, block_size, out, dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Triton kernels and launchers
+# --------------------------------------------------------------------------------------------
+
+if triton is not None:
+
+    @triton.jit
+    def _sign1_encode_kernel(
+        x_ptr, scale_ptr, bits_ptr, lengths_ptr, numel,
+        BLOCK: tl.constexpr, LOG2_BLOCK: tl.constexpr, MASKED: tl.constexpr, LENGTHS: tl.constexpr,
+    ):  # fmt: skip
+        # One program per block: load it once; the scale from a fixed pairwise tree over |x| (the
+        # reference's order, so both give the same bits), the signs packed 8 to a byte. Full blocks
+        # run unmasked; a tensor's short last block masked (MASKED); a padded stream's tails with
+        # their real lengths (LENGTHS).
+        pid = tl.program_id(0)
+        k = tl.arange(0, BLOCK)
+        offs = pid.to(tl.int64) * BLOCK + k
+        if MASKED:
+            valid = offs < numel
+            x = tl.load(x_ptr + offs, mask=valid, other=0.0).to(tl.float32)
+            count = (numel - pid.to(tl.int64) * BLOCK).to(tl.float32)  # (one program: the last block)
+        else:
+            x = tl.load(x_ptr + offs).to(tl.float32)
+            count = tl.full((), BLOCK, tl.float32)
+        a = tl.abs(x)
+        if LENGTHS:
+            length = tl.load(lengths_ptr + pid)
+            a = tl.where(k < length, a, 0.0)
+            count = length.to(tl.float32)
+        for i in tl.static_range(LOG2_BLOCK):  # a[j] + a[j + half], halving down to one value
+            a = tl.sum(tl.reshape(a, (2, BLOCK >> (i + 1))), axis=0)
+        scale = tl.math.div_rn(tl.sum(a, axis=0), count)
+        bad = scale - scale != 0.0  # NaN or Inf in the block, or the sum overflowed
+        signs = tl.where(bad, 0, (x >= 0.0).to(tl.int32))
+        shifts = tl.arange(0, 8)
+        packed = tl.sum(tl.reshape(signs, (BLOCK // 8, 8)) << shifts[None, :], axis=1).to(tl.uint8)
+        boffs = pid.to(tl.int64) * (BLOCK // 8) + tl.arange(0, BLOCK // 8)
+        if MASKED:
+            tl.store(bits_ptr + boffs, packed, mask=boffs < (numel + 7) // 8)
+        else:
+            tl.store(bits_ptr + boffs, packed)
+        tl.store(scale_ptr + pid, tl.where(bad, float("nan"), scale))
+
+    @triton.jit
+    def _sign1_decode_kernel(scale_ptr, bits_ptr, out_ptr, numel, BLOCK: tl.constexpr, MASKED: tl.constexpr):
+        # One program per block: x' = +-scale by each element's bit.
+        pid = tl.program_id(0)
+        offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        boffs = pid.to(tl.int64) * (BLOCK // 8) + tl.arange(0, BLOCK // 8)
+        scale = tl.load(scale_ptr + pid)
+        if MASKED:
+            packed = tl.load(bits_ptr + boffs, mask=boffs < (numel + 7) // 8, other=0)
+        else:
+            packed = tl.load(bits_ptr + boffs)
+        bits = (packed.to(tl.int32)[:, None] >> tl.arange(0, 8)[None, :]) & 1
+        y = tl.where(tl.reshape(bits, (BLOCK,)) != 0, scale, -scale)
+        store_rne(out_ptr + offs, y, offs < numel, MASKED)
+
+
+def _encode_triton_raw(
+    x_flat: torch.Tensor, wire: torch.Tensor, block_size: int, tail_lengths: Optional[torch.Tensor] = None
+) -> None:
+    numel = x_flat.numel()
+    nb = WIRE.num_blocks(numel, block_size)
+    if nb == 0:
+        return
+    scales, bits = WIRE.header_for_write(wire, nb), WIRE.codes(wire, numel, block_size)
+    t = 0 if tail_lengths is None else tail_lengths.numel()
+    lengths = tail_lengths.to(x_flat.device) if t else scales  # (not read without LENGTHS)
+    # (grid, first block, MASKED, LENGTHS): the full blocks, then a short last block or the padded tails
+    plan = [(grid, e0 // block_size, masked, False) for grid, e0, masked in launches(numel, block_size)]
+    if t:
+        plan = [(nb - t, 0, False, False), (t, nb - t, False, True)] if nb > t else [(t, 0, False, True)]
+    log2 = block_size.bit_length() - 1
+    with device_guard(x_flat):
+        for grid, b0, masked, with_lengths in plan:
+            if grid:
+                _sign1_encode_kernel[(grid,)](
+                    x_flat[b0 * block_size :], scales[b0:], bits[b0 * block_size // 8 :], lengths,
+                    numel - b0 * block_size, BLOCK=block_size, LOG2_BLOCK=log2, MASKED=masked,
+                    LENGTHS=with_lengths, num_warps=_codec.num_warps(block_size),
+                )  # fmt: skip
+    WIRE.flush_header(wire, scales, nb)
+
+
+def _decode_triton_raw(wire: torch.Tensor, numel: int, block_size: int, out_flat: torch.Tensor) -> None:
+    nb = WIRE.num_blocks(numel, block_size)
+    if nb == 0:
+        return
+    scales, bits = WIRE.read_header(wire, nb), WIRE.codes(wire, numel, block_size)
+    with device_guard(wire):
+        for grid, e0, masked in launches(numel, block_size):
+            b0 = e0 // block_size
+            _sign1_decode_kernel[(grid,)](
+                scales[b0:], bits[e0 // 8 :], out_flat[e0:], numel - e0,
+                BLOCK=block_size, MASKED=masked, num_warps=_codec.num_warps(block_size),
+            )  # fmt: skip
+
+
+def encode_triton(
+    x: torch.Tensor,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    out: Optional[torch.Tensor] = None,
+    *,
+    check_finite: bool = True,
+    tail_lengths: TailLengths = None,
+) -> torch.Tensor:
+    """Triton Sign1 encode: one program per block, a single pass over x.
+
+    Runs on CUDA tensors (or CPU tensors under ``TRITON_INTERPRET=1``). Args/returns/raises as
+    :func:`encode`; raises RuntimeError when Triton is not installed.
+
+    Example::
+
+        >>> wire = encode_triton(torch.randn(4096, device="cuda"))  # doctest: +SKIP
+    """
+    _codec.require_block_triton(x, block_size, "encode_triton")
+    tails = _tails(tail_lengths, x.numel(), block_size) if isinstance(x, torch.Tensor) else None
+    return WIRE.encode_with(_encode_triton_raw, _overflow, x, block_size, out, check_finite, tails)
+
+
+def decode_triton(
+    wire: torch.Tensor,
+    numel: int,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    out: Optional[torch.Tensor] = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Triton Sign1 decode: one program per block.
+
+    Runs on CUDA tensors (or CPU tensors under ``TRITON_INTERPRET=1``). Args/returns/raises as
+    :func:`decode`; raises RuntimeError when Triton is not installed.
+
+    Example::
+
+        >>> y = decode_triton(wire, 4096)  # doctest: +SKIP
+    """
+    _codec.require_block_triton(wire, block_size, "decode_triton")
+    return WIRE.decode_with(_decode_triton_raw, wire, numel, block_size, out, dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# dispatch
+# --------------------------------------------------------------------------------------------
+
+
+def encode(
+    x: torch.Tensor,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    out: Optional[torch.Tensor] = None,
+    *,
+    check_finite: bool = True,
+    tail_lengths: TailLengths = None,
+) -> torch.Tensor:
+    """Encodes a float tensor into Sign1 wire bytes (Triton on CUDA, torch reference on CPU).
+
+    Args:
+        x: contiguous float32/float16/bfloat16 tensor of any shape, treated as flat.
+        block_size: elements per scale, a power of two >= 8.
+        out: optional preallocated 1-D contiguous uint8 tensor of ``wire_numel(x.numel(), block_size)``
+            bytes on x's device.
+        check_finite: raise on NaN/Inf (default). With False a non-finite block is only marked (NaN
+            scale, zero bits), so it decodes to NaN, for callers that check later (after a
+            collective, so that all ranks fail alike); on CUDA it also skips the check's host sync.
+        tail_lengths: x is a stream of whole blocks whose last ``len(tail_lengths)`` blocks hold
+            that many real elements each, the rest padding (see the module docstring).
+
+    Returns:
+        The 1-D uint8 wire tensor (``out`` if given): the scales, then the sign bits.
+
+    Raises:
+        ValueError: bad arguments, or (with check_finite) x holds NaN/Inf, naming the first bad block.
+
+    Example::
+
+        >>> wire = encode(torch.arange(-4.0, 4.0), block_size=8)
+        >>> wire[:4].view(torch.float32).tolist(), bin(int(wire[4]))
+        ([2.0], '0b11110000')
+    """
+    if isinstance(x, torch.Tensor) and _codec.use_triton(x, block_size, "Sign1"):
+        return encode_triton(x, block_size, out, check_finite=check_finite, tail_lengths=tail_lengths)
+    return encode_reference(x, block_size, out, check_finite=check_finite, tail_lengths=tail_lengths)
+
+
+def decode(
+    wire: torch.Tensor,
+    numel: int,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    out: Optional[torch.Tensor] = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Decodes Sign1 wire bytes (Triton on CUDA, torch reference on CPU).
+
+    Args:
+        wire: 1-D contiguous uint8 tensor of at least ``wire_numel(numel, block_size)`` bytes.
+        numel: number of encoded elements.
+        block_size: the block size used to encode.
+        out: optional contiguous float tensor of ``numel`` elements on wire's device; its dtype is
+            the output dtype (``dtype`` is then ignored) and its shape is kept.
+        dtype: output dtype when ``out`` is not given (float32, float16 or bfloat16).
+
+    Returns:
+        ``out`` if given, else a new 1-D tensor of ``numel`` elements.
+
+    Example::
+
+        >>> decode(encode(torch.arange(-4.0, 4.0), block_size=8), 8, block_size=8).tolist()
+        [-2.0, -2.0, -2.0, -2.0, 2.0, 2.0, 2.0, 2.0]
+    """
+    if isinstance(wire, torch.Tensor) and _codec.use_triton(wire, block_size, "Sign1"):
+        return decode_triton(wire, numel, block_size, out, dtype)
+    return decode_reference(wire, numel, block_size, out, dtype)

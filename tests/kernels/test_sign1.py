@@ -1,0 +1,171 @@
+"""Sign1 kernels: Triton (on CPU through TRITON_INTERPRET=1, see tests/conftest.py) against the
+torch reference, bit for bit (the scale is a fixed pairwise tree, so the math allows it); the
+codec's contract (mean |x| per block, L1 kept, zeros exact); edge cases and argument checks."""
+
+import pytest
+import torch
+
+from bagua.kernels import _triton
+from bagua.kernels import sign1 as s1
+
+HAS_CUDA = torch.cuda.is_available()
+KERNEL_DEVICE = "cuda" if HAS_CUDA else "cpu"
+needs_triton = pytest.mark.skipif(
+    not s1.HAS_TRITON or (not HAS_CUDA and not _triton.triton_interpreting()),
+    reason="needs triton, with CUDA or TRITON_INTERPRET=1",
+)
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _data(numel, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(numel, generator=g) * 3.0
+    x[::7] = 0.0  # zeros (and their sign: +)
+    x[1::11] = -0.0
+    return x.to(dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("block_size", [32, 256])
+@pytest.mark.parametrize("numel", [1, 7, 9, 255, 256, 257, 700])
+def test_triton_matches_reference_bit_for_bit(numel, block_size, dtype):
+    x = _data(numel, dtype, seed=numel)
+    ref = s1.encode_reference(x, block_size)
+    got = s1.encode_triton(x.to(KERNEL_DEVICE), block_size)
+    assert ref.numel() == s1.wire_numel(numel, block_size) == 4 * -(-numel // block_size) + -(-numel // 8)
+    assert torch.equal(got.cpu(), ref), f"{int((got.cpu() != ref).sum())} wire bytes differ"
+    for out_dtype in {torch.float32, dtype}:
+        y_ref = s1.decode_reference(ref, numel, block_size, dtype=out_dtype)
+        y_got = s1.decode_triton(ref.to(KERNEL_DEVICE), numel, block_size, dtype=out_dtype)
+        assert y_got.dtype == out_dtype and torch.equal(y_got.cpu(), y_ref)
+
+
+@needs_triton
+def test_padded_tails_match_and_scale_only_their_real_elements():
+    """A stream of whole blocks whose last ones are padded (as compressed.py sends a chunk of many
+    tensors): each tail's scale is that of its real elements alone, in both paths."""
+    block = 256
+    parts = [_data(3 * block, seed=1), _data(100, seed=2), _data(block, seed=3), _data(7, seed=4)]
+    tails = [100, block, 7]
+    stream = torch.cat([parts[0]] + [torch.cat([p, p[-1:].expand(block - p.numel())]) for p in parts[1:]])
+    ref = s1.encode_reference(stream, block, tail_lengths=tails)
+    assert torch.equal(s1.encode_triton(stream.to(KERNEL_DEVICE), block, tail_lengths=tails).cpu(), ref)
+    scales = ref[: 4 * 6].view(torch.float32)
+    for i, part in enumerate(parts[1:]):
+        alone = s1.encode_reference(part, block)[:4].view(torch.float32)
+        assert torch.equal(scales[3 + i : 4 + i], alone)
+    assert torch.equal(s1.encode_reference(stream, block, tail_lengths=[]), s1.encode_reference(stream, block))
+
+
+@pytest.mark.parametrize("numel", [1, 13, 1000, 4096])
+def test_scale_is_the_mean_abs_and_keeps_the_l1_norm(numel):
+    block = 256
+    x = _data(numel, seed=5)
+    y = s1.decode(s1.encode(x, block), numel, block)
+    for b in range(0, numel, block):
+        xb, yb = x[b : b + block], y[b : b + block]
+        torch.testing.assert_close(yb.abs(), xb.abs().mean().expand_as(yb), rtol=1e-6, atol=0)
+        torch.testing.assert_close(yb.abs().sum(), xb.abs().sum(), rtol=1e-5, atol=0)
+        assert torch.equal(yb >= 0, xb >= 0)  # signs exact; zeros (+0 and -0) decode as +
+
+
+def test_zeros_are_exact_and_a_constant_block_too():
+    assert torch.equal(s1.decode(s1.encode(torch.zeros(300), 64), 300, 64), torch.zeros(300))
+    x = torch.full((64,), -2.5)
+    assert torch.equal(s1.decode(s1.encode(x, 64), 64, 64), x)
+
+
+def test_wire_layout():
+    x = torch.tensor([1.0, -1.0, -3.0, 2.0, 0.0, -0.5, 0.5, -1.0, 4.0])
+    wire = s1.encode(x, 8)  # two blocks: 8 elements, then 1
+    assert wire.numel() == 4 * 2 + 2
+    assert wire[:8].view(torch.float32).tolist() == [1.125, 4.0]
+    assert wire[8:].tolist() == [0b01011001, 0b11111111]  # the last byte's padding bits: 1
+    assert s1.decode(wire, 9, 8).tolist() == [1.125, -1.125, -1.125, 1.125, 1.125, -1.125, 1.125, -1.125, 4.0]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy in the interpreter: inf - inf
+@pytest.mark.parametrize("path", ["reference", "triton"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_nonfinite_raises_naming_the_block_or_is_marked(path, bad):
+    if path == "triton" and not (s1.HAS_TRITON and (HAS_CUDA or _triton.triton_interpreting())):
+        pytest.skip("needs triton")
+    encode = s1.encode_reference if path == "reference" else s1.encode_triton
+    device = "cpu" if path == "reference" else KERNEL_DEVICE
+    x = torch.randn(600)
+    x[300] = bad
+    with pytest.raises(ValueError, match=r"Sign1 encode.*block 1 \(elements \[256, 512\)\).*element 300"):
+        encode(x.to(device), 256)
+    wire = encode(x.to(device), 256, check_finite=False).cpu()
+    assert torch.equal(wire, s1.encode_reference(x, 256, check_finite=False))
+    y = s1.decode(wire, 600, 256)
+    assert torch.isnan(y[256:512]).all() and torch.isfinite(y[:256]).all() and torch.isfinite(y[512:]).all()
+    assert (wire[4 * 3 + 32 : 4 * 3 + 64] == 0).all()  # the marked block's bits are zero
+
+
+def test_a_sum_that_overflows_float32_raises():
+    x = torch.full((16,), 3.0e38)
+    with pytest.raises(ValueError, match="sum of \\|x\\| that overflows float32"):
+        s1.encode(x, 8)
+
+
+def test_empty_out_arguments_and_chunked_reference(monkeypatch):
+    assert s1.encode(torch.empty(0)).numel() == 0 and s1.decode(torch.empty(0, dtype=torch.uint8), 0).numel() == 0
+    x = _data(5000, torch.bfloat16, seed=9)
+    whole = s1.encode(x, 256)
+    out = torch.empty(s1.wire_numel(5000, 256), dtype=torch.uint8)
+    assert s1.encode(x.view(50, 100), 256, out=out) is out and torch.equal(out, whole)
+    y = torch.empty(50, 100, dtype=torch.float16)
+    assert s1.decode(whole, 5000, 256, out=y) is y
+    from bagua.kernels import _codec
+
+    monkeypatch.setattr(_codec, "REF_CHUNK_ELEMS", 512)  # many chunks and a tail
+    assert torch.equal(s1.encode(x, 256), whole)
+    assert torch.equal(s1.decode(whole, 5000, 256, dtype=torch.float16), y.view(-1))
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: s1.encode(torch.randn(16), block_size=4), "power of two >= 8"),
+        (lambda: s1.encode(torch.randn(16), block_size=24), "power of two >= 8"),
+        (lambda: s1.encode(torch.arange(16)), "dtype float32, float16 or bfloat16"),
+        (lambda: s1.encode(torch.randn(20), 8, tail_lengths=[3]), "stream of whole blocks"),
+        (lambda: s1.encode(torch.randn(16), 8, tail_lengths=[0]), "1 to block_size = 8"),
+        (lambda: s1.encode(torch.randn(16), 8, tail_lengths=[9]), "max 9"),
+        (lambda: s1.encode(torch.randn(16), 8, tail_lengths=[1, 2, 3]), "3 lengths for 16"),
+        (lambda: s1.decode(torch.empty(5, dtype=torch.uint8), 16, 8), "too short"),
+    ],
+)
+def test_argument_errors(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_cpu_dispatches_to_the_reference_and_triton_needs_cuda_or_the_interpreter(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("the Triton path must not run for CPU tensors")
+
+    monkeypatch.setattr(s1, "encode_triton", boom)
+    monkeypatch.setattr(s1, "decode_triton", boom)
+    x = torch.randn(2000)
+    assert torch.equal(s1.decode(s1.encode(x), 2000), s1.decode_reference(s1.encode_reference(x), 2000))
+    monkeypatch.undo()
+    if s1.HAS_TRITON and not HAS_CUDA:
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        with pytest.raises(ValueError, match="CUDA tensors"):
+            s1.encode_triton(torch.randn(10))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_cuda_kernels_match_reference(dtype):
+    n = (1 << 22) + 12345
+    x = _data(n, dtype, seed=7).cuda()
+    wire = s1.encode(x)  # dispatches to Triton
+    ref = s1.encode_reference(x.cpu())
+    assert torch.equal(wire.cpu(), ref)
+    y = s1.decode(wire, n, dtype=dtype)
+    assert y.is_cuda and torch.equal(y.cpu(), s1.decode_reference(ref, n, dtype=dtype))
