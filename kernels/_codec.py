@@ -10,7 +10,8 @@ codes, 8 for sign bits)::
     [ codes, element order ]                               ceil(numel / elements_per_byte) bytes
 
 A block whose header holds a non-finite value is the codec's marker of non-finite input.
-Each codec module holds its math (a Triton kernel and a torch reference) and a :class:`BlockWire`.
+Each codec module holds its math (a Triton kernel and a torch reference), a :class:`BlockWire`
+and the public functions :func:`public_functions` makes of them.
 
 Private to ``bagua.kernels``. Example::
 
@@ -21,17 +22,20 @@ Private to ``bagua.kernels``. Example::
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 import torch
 
 from .._install import install_hint
 from . import _triton
-from ._triton import require_triton
+from ._triton import device_guard, launches, require_triton
 
 logger = logging.getLogger(__name__)
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: what every codec module exports
+PUBLIC_NAMES = ("DEFAULT_BLOCK_SIZE", "SUPPORTED_DTYPES", "HAS_TRITON", "wire_numel", "encode", "decode",
+                "encode_reference", "decode_reference", "encode_triton", "decode_triton")
 MAX_TRITON_BLOCK = 1 << 16  # one program holds a whole block in registers
 REF_CHUNK_ELEMS = 1 << 20  # the reference works on 4 MiB of float32 at a time (mostly in cache)
 _warned_no_triton: set[str] = set()
@@ -198,13 +202,17 @@ class BlockWire:
         self, raw: Callable[..., None], overflow: Callable[[torch.Tensor], str], x: torch.Tensor, block_size: int,
         out: Optional[torch.Tensor], check_finite: bool, *extra: object,
     ) -> torch.Tensor:
-        """Validate, allocate, run the encode implementation ``raw(x_flat, wire, block_size, *extra)``,
-        check finiteness."""
+        """Validate, allocate, run the encode implementation ``raw(x_flat, header, codes,
+        block_size, *extra)`` (``header``: float32 values to write), check finiteness."""
         self.check_encode_args(x, block_size, out)
+        numel = x.numel()
         wire = out if out is not None else torch.empty(
-            self.wire_numel(x.numel(), block_size), dtype=torch.uint8, device=x.device)
-        x_flat = x.view(-1)
-        raw(x_flat, wire, block_size, *extra)
+            self.wire_numel(numel, block_size), dtype=torch.uint8, device=x.device)
+        x_flat, nb = x.view(-1), self.num_blocks(numel, block_size)
+        if nb:
+            header = self.header_for_write(wire, nb)
+            raw(x_flat, header, self.codes(wire, numel, block_size), block_size, *extra)
+            self.flush_header(wire, header, nb)
         if check_finite:
             self.raise_if_nonfinite(x_flat, wire, block_size, overflow)
         return wire
@@ -213,11 +221,27 @@ class BlockWire:
         self, raw: Callable[..., None], wire: torch.Tensor, numel: int, block_size: int,
         out: Optional[torch.Tensor], dtype: torch.dtype,
     ) -> torch.Tensor:
-        """Validate, allocate, run the decode implementation ``raw(wire, numel, block_size, out_flat)``."""
+        """Validate, allocate, run the decode implementation ``raw(header, codes, numel,
+        block_size, out_flat)``."""
         self.check_decode_args(wire, numel, block_size, out, dtype)
         result = out if out is not None else torch.empty(numel, dtype=dtype, device=wire.device)
-        raw(wire, numel, block_size, result.view(-1))
+        nb = self.num_blocks(numel, block_size)
+        if nb:
+            raw(self.read_header(wire, nb), self.codes(wire, numel, block_size), numel, block_size, result.view(-1))
         return result
+
+    def launch_decode(self, kernel, header: torch.Tensor, codes: torch.Tensor, numel: int, block_size: int,
+                      out_flat: torch.Tensor) -> None:
+        """Run a decode kernel ``kernel(header_ptr, codes_ptr, out_ptr, numel, BLOCK, MASKED,
+        CODES_ALIGN8)``, one program per block: the full blocks unmasked, then the tail masked."""
+        with device_guard(out_flat):
+            for grid, e0, masked in launches(numel, block_size):
+                b0, c = e0 // block_size, codes[e0 // self.elements_per_byte :]
+                kernel[(grid,)](
+                    header[self.header_floats * b0 :], c, out_flat[e0:], numel - e0, BLOCK=block_size, MASKED=masked,
+                    CODES_ALIGN8=aligned8(c, block_size // self.elements_per_byte), num_warps=num_warps(block_size),
+                    enable_fp_fusion=False,
+                )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -281,3 +305,131 @@ def use_triton(t: torch.Tensor, block_size: object, codec: str) -> bool:
             )
         return False
     return isinstance(block_size, int) and block_size <= MAX_TRITON_BLOCK
+
+
+# --------------------------------------------------------------------------------------------
+# a codec module's public functions
+# --------------------------------------------------------------------------------------------
+
+TailLengths = Optional[Union[Sequence[int], torch.Tensor]]
+
+
+def check_tail_lengths(tail_lengths: TailLengths, numel: int, block_size: int) -> Optional[torch.Tensor]:
+    """``tail_lengths`` (see ``public_functions``) checked, as an int32 CPU tensor (None when not given)."""
+    if tail_lengths is None:
+        return None
+    lengths = torch.as_tensor(tail_lengths, dtype=torch.int64).reshape(-1).cpu()
+    nb = BlockWire.num_blocks(numel, block_size)
+    if numel % block_size or lengths.numel() > nb or (lengths.numel() and not (
+            bool((lengths >= 1).all()) and bool((lengths <= block_size).all()))):
+        raise ValueError(
+            f"tail_lengths are the real lengths (1 to block_size = {block_size}) of the last blocks of a "
+            f"stream of whole blocks; got {lengths.numel()} lengths for {numel} elements "
+            f"(min {int(lengths.min()) if lengths.numel() else '-'}, max {int(lengths.max()) if lengths.numel() else '-'})"
+        )
+    return lengths.to(torch.int32)
+
+
+def public_functions(
+    wire: BlockWire, default_block: int, reference: tuple[Callable, Callable], kernels: tuple[Callable, object],
+    overflow: Callable[[torch.Tensor], str], uses_tail_lengths: bool,
+) -> tuple[Callable, ...]:
+    """``encode``, ``decode`` (dispatching), ``encode_reference``, ``decode_reference``,
+    ``encode_triton`` and ``decode_triton`` of a block codec, from its implementations:
+    ``reference`` is ``(encode_raw, decode_raw)`` (see ``BlockWire.encode_with`` and
+    ``decode_with``), ``kernels`` ``(encode_raw, decode_kernel)`` (see ``BlockWire.launch_decode``).
+    ``uses_tail_lengths``: the encoders get the padded tails' real lengths (``tails``, last), else
+    a padding by repeats changes no block header: checked, unused.
+    """
+    codec = wire.codec
+
+    def _decode_triton_raw(header, codes, numel, block_size, out_flat) -> None:
+        wire.launch_decode(kernels[1], header, codes, numel, block_size, out_flat)
+
+    def _encode(raw: Callable, x, block_size, out, check_finite, tail_lengths) -> torch.Tensor:
+        tails = check_tail_lengths(tail_lengths, x.numel(), block_size) if isinstance(x, torch.Tensor) else None
+        extra = (tails,) if uses_tail_lengths else ()
+        return wire.encode_with(raw, overflow, x, block_size, out, check_finite, *extra)
+
+    def encode_reference(x: torch.Tensor, block_size: int = default_block, out: Optional[torch.Tensor] = None, *,
+                         check_finite: bool = True, tail_lengths: TailLengths = None) -> torch.Tensor:
+        return _encode(reference[0], x, block_size, out, check_finite, tail_lengths)
+
+    def decode_reference(wire_: torch.Tensor, numel: int, block_size: int = default_block,
+                         out: Optional[torch.Tensor] = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return wire.decode_with(reference[1], wire_, numel, block_size, out, dtype)
+
+    def encode_triton(x: torch.Tensor, block_size: int = default_block, out: Optional[torch.Tensor] = None, *,
+                      check_finite: bool = True, tail_lengths: TailLengths = None) -> torch.Tensor:
+        require_block_triton(x, block_size, "encode_triton")
+        return _encode(kernels[0], x, block_size, out, check_finite, tail_lengths)
+
+    def decode_triton(wire_: torch.Tensor, numel: int, block_size: int = default_block,
+                      out: Optional[torch.Tensor] = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        require_block_triton(wire_, block_size, "decode_triton")
+        return wire.decode_with(_decode_triton_raw, wire_, numel, block_size, out, dtype)
+
+    def encode(x: torch.Tensor, block_size: int = default_block, out: Optional[torch.Tensor] = None, *,
+               check_finite: bool = True, tail_lengths: TailLengths = None) -> torch.Tensor:
+        triton_path = isinstance(x, torch.Tensor) and use_triton(x, block_size, codec)
+        return (encode_triton if triton_path else encode_reference)(
+            x, block_size, out, check_finite=check_finite, tail_lengths=tail_lengths)
+
+    def decode(wire_: torch.Tensor, numel: int, block_size: int = default_block,
+               out: Optional[torch.Tensor] = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        triton_path = isinstance(wire_, torch.Tensor) and use_triton(wire_, block_size, codec)
+        return (decode_triton if triton_path else decode_reference)(wire_, numel, block_size, out, dtype)
+
+    functions = (encode, decode, encode_reference, decode_reference, encode_triton, decode_triton)
+    for function in functions:
+        function.__doc__ = _DOCS[function.__name__].format(codec=codec, default=default_block)
+    return functions
+
+
+_ENCODE_ARGS = """
+    Args:
+        x: contiguous float32/float16/bfloat16 tensor of any shape, treated as flat.
+        block_size: elements per block (default {default}).
+        out: optional preallocated 1-D contiguous uint8 tensor of ``wire_numel(x.numel(), block_size)``
+            bytes on x's device.
+        check_finite: raise on NaN/Inf (default). With False a non-finite block is only marked (a
+            NaN header), so it decodes to NaN: a marker that survives the wire, for callers that
+            check later (after a collective, so that all ranks fail alike); on CUDA it also skips
+            the check's host sync.
+        tail_lengths: x is a stream of whole blocks whose last ``len(tail_lengths)`` blocks hold
+            that many real elements each, each padded to a whole block by repeating its last one.
+
+    Returns:
+        The 1-D uint8 wire tensor (``out`` if given): the blocks' headers, then the codes.
+
+    Raises:
+        ValueError: bad arguments, or (with check_finite) x holds NaN/Inf, naming the first bad block.
+"""
+_DECODE_ARGS = """
+    Args:
+        wire: 1-D contiguous uint8 tensor of at least ``wire_numel(numel, block_size)`` bytes.
+        numel: number of encoded elements.
+        block_size: the block size used to encode.
+        out: optional contiguous float tensor of ``numel`` elements on wire's device; its dtype is
+            the output dtype (``dtype`` is then ignored) and its shape is kept.
+        dtype: output dtype when ``out`` is not given (float32, float16 or bfloat16).
+
+    Returns:
+        ``out`` if given, else a new 1-D tensor of ``numel`` elements.
+"""
+_DOCS = {
+    "encode": "Encodes a float tensor into {codec} wire bytes (Triton on CUDA, the torch reference on CPU).\n"
+              + _ENCODE_ARGS + "\n    Example::\n\n        wire = encode(torch.randn(5000))\n",
+    "decode": "Decodes {codec} wire bytes (Triton on CUDA, the torch reference on CPU).\n"
+              + _DECODE_ARGS + "\n    Example::\n\n        y = decode(encode(x), x.numel())\n",
+    "encode_reference": "Plain-torch {codec} encode (any device): the same bytes as the Triton kernel. "
+                        "As ``encode``.\n\n    Example::\n\n        wire = encode_reference(torch.ones(10))\n",
+    "decode_reference": "Plain-torch {codec} decode (any device): the same values as the Triton kernel. "
+                        "As ``decode``.\n\n    Example::\n\n        y = decode_reference(wire, 10)\n",
+    "encode_triton": "Triton {codec} encode, one program per block: CUDA tensors (or CPU under "
+                     "TRITON_INTERPRET=1); RuntimeError without Triton. As ``encode``.\n\n"
+                     "    Example::\n\n        wire = encode_triton(torch.randn(4096, device='cuda'))\n",
+    "decode_triton": "Triton {codec} decode, one program per block: CUDA tensors (or CPU under "
+                     "TRITON_INTERPRET=1); RuntimeError without Triton. As ``decode``.\n\n"
+                     "    Example::\n\n        y = decode_triton(wire, 4096)\n",
+}

@@ -41,18 +41,7 @@ from . import _codec
 from ._codec import SUPPORTED_DTYPES, ref_chunks, ref_scratch
 from ._triton import HAS_TRITON, device_guard, launches, store_rne, tl, triton
 
-__all__ = [
-    "DEFAULT_BLOCK_SIZE",
-    "SUPPORTED_DTYPES",
-    "HAS_TRITON",
-    "wire_numel",
-    "encode",
-    "decode",
-    "encode_reference",
-    "decode_reference",
-    "encode_triton",
-    "decode_triton",
-]
+__all__ = list(_codec.PUBLIC_NAMES)
 
 DEFAULT_BLOCK_SIZE = 1024
 WIRE = _codec.BlockWire("MinMaxUInt8", header_floats=2, elements_per_byte=1)
@@ -133,70 +122,23 @@ def _decode_rows(header: torch.Tensor, codes: torch.Tensor, out: torch.Tensor, s
         out.copy_(y)  # round to nearest even, as the kernel
 
 
-def _encode_reference_raw(x_flat: torch.Tensor, wire: torch.Tensor, block_size: int) -> None:
-    numel = x_flat.numel()
-    nb = WIRE.num_blocks(numel, block_size)
-    if nb == 0:
-        return
-    header, codes = WIRE.header_for_write(wire, nb), WIRE.codes(wire, numel, block_size)
-    rows_header = header.view(nb, 2)
-    scratch = ref_scratch(numel, block_size, x_flat.device)
-    for e0, rows, length in ref_chunks(numel, block_size):
+def _encode_reference_raw(x_flat: torch.Tensor, header: torch.Tensor, codes: torch.Tensor, block_size: int) -> None:
+    rows_header = header.view(-1, 2)
+    scratch = ref_scratch(x_flat.numel(), block_size, x_flat.device)
+    for e0, rows, length in ref_chunks(x_flat.numel(), block_size):
         e1, b0 = e0 + rows * length, e0 // block_size
         _encode_rows(
             x_flat[e0:e1].view(rows, length), rows_header[b0 : b0 + rows], codes[e0:e1].view(rows, length), scratch
         )
-    WIRE.flush_header(wire, header, nb)
 
 
-def _decode_reference_raw(wire: torch.Tensor, numel: int, block_size: int, out_flat: torch.Tensor) -> None:
-    nb = WIRE.num_blocks(numel, block_size)
-    if nb == 0:
-        return
-    header, codes = WIRE.read_header(wire, nb).view(nb, 2), WIRE.codes(wire, numel, block_size)
+def _decode_reference_raw(header: torch.Tensor, codes: torch.Tensor, numel: int, block_size: int,
+                          out_flat: torch.Tensor) -> None:
+    header = header.view(-1, 2)
     scratch = out_flat if out_flat.dtype == torch.float32 else ref_scratch(numel, block_size, out_flat.device)
     for e0, rows, length in ref_chunks(numel, block_size):
         e1, b0 = e0 + rows * length, e0 // block_size
         _decode_rows(header[b0 : b0 + rows], codes[e0:e1].view(rows, length), out_flat[e0:e1].view(rows, length), scratch)
-
-
-def encode_reference(
-    x: torch.Tensor,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    out: torch.Tensor | None = None,
-    *,
-    check_finite: bool = True,
-) -> torch.Tensor:
-    """Plain-torch MinMax-UInt8 encode (any device); same math and bytes as the Triton kernel.
-
-    Args/returns/raises as :func:`encode`.
-
-    Example::
-
-        >>> wire = encode_reference(torch.ones(10), block_size=256)
-        >>> wire.numel()
-        18
-    """
-    return WIRE.encode_with(_encode_reference_raw, _overflow, x, block_size, out, check_finite)
-
-
-def decode_reference(
-    wire: torch.Tensor,
-    numel: int,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    out: torch.Tensor | None = None,
-    dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """Plain-torch MinMax-UInt8 decode (any device); same math and values as the Triton kernel.
-
-    Args/returns/raises as :func:`decode`.
-
-    Example::
-
-        >>> decode_reference(encode_reference(torch.ones(10)), 10)[:3]
-        tensor([1., 1., 1.])
-    """
-    return WIRE.decode_with(_decode_reference_raw, wire, numel, block_size, out, dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -262,14 +204,12 @@ if triton is not None:
             c = tl.load(code_ptrs)
         y = c.to(tl.float32) * scale + mn
         store_rne(out_ptr + offs, y, mask, MASKED)
+else:  # pragma: no cover - without Triton only the references run
+    _minmax_uint8_encode_kernel = _minmax_uint8_decode_kernel = None
 
 
-def _encode_triton_raw(x_flat: torch.Tensor, wire: torch.Tensor, block_size: int) -> None:
+def _encode_triton_raw(x_flat: torch.Tensor, header: torch.Tensor, codes: torch.Tensor, block_size: int) -> None:
     numel = x_flat.numel()
-    nb = WIRE.num_blocks(numel, block_size)
-    if nb == 0:
-        return
-    header, codes = WIRE.header_for_write(wire, nb), WIRE.codes(wire, numel, block_size)
     with device_guard(x_flat):
         for grid, e0, masked in launches(numel, block_size):
             c, b0 = codes[e0:], e0 // block_size
@@ -278,131 +218,9 @@ def _encode_triton_raw(x_flat: torch.Tensor, wire: torch.Tensor, block_size: int
                 BLOCK=block_size, MASKED=masked, CODES_ALIGN8=_codec.aligned8(c, block_size),
                 num_warps=_codec.num_warps(block_size), enable_fp_fusion=False,
             )  # fmt: skip
-    WIRE.flush_header(wire, header, nb)
 
 
-def _decode_triton_raw(wire: torch.Tensor, numel: int, block_size: int, out_flat: torch.Tensor) -> None:
-    nb = WIRE.num_blocks(numel, block_size)
-    if nb == 0:
-        return
-    header, codes = WIRE.read_header(wire, nb), WIRE.codes(wire, numel, block_size)
-    with device_guard(wire):
-        for grid, e0, masked in launches(numel, block_size):
-            c, b0 = codes[e0:], e0 // block_size
-            _minmax_uint8_decode_kernel[(grid,)](
-                header[2 * b0 :], c, out_flat[e0:], numel - e0,
-                BLOCK=block_size, MASKED=masked, CODES_ALIGN8=_codec.aligned8(c, block_size),
-                num_warps=_codec.num_warps(block_size), enable_fp_fusion=False,
-            )  # fmt: skip
-
-
-def encode_triton(
-    x: torch.Tensor,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    out: torch.Tensor | None = None,
-    *,
-    check_finite: bool = True,
-) -> torch.Tensor:
-    """Triton MinMax-UInt8 encode: one program per block, a single pass over x.
-
-    Runs on CUDA tensors (or CPU tensors under ``TRITON_INTERPRET=1``). Args/returns/raises as
-    :func:`encode`; raises RuntimeError when Triton is not installed.
-
-    Example::
-
-        >>> wire = encode_triton(torch.randn(4096, device="cuda"))  # doctest: +SKIP
-    """
-    _codec.require_block_triton(x, block_size, "encode_triton")
-    return WIRE.encode_with(_encode_triton_raw, _overflow, x, block_size, out, check_finite)
-
-
-def decode_triton(
-    wire: torch.Tensor,
-    numel: int,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    out: torch.Tensor | None = None,
-    dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """Triton MinMax-UInt8 decode: one program per block.
-
-    Runs on CUDA tensors (or CPU tensors under ``TRITON_INTERPRET=1``). Args/returns/raises as
-    :func:`decode`; raises RuntimeError when Triton is not installed.
-
-    Example::
-
-        >>> y = decode_triton(wire, 4096)  # doctest: +SKIP
-    """
-    _codec.require_block_triton(wire, block_size, "decode_triton")
-    return WIRE.decode_with(_decode_triton_raw, wire, numel, block_size, out, dtype)
-
-
-# --------------------------------------------------------------------------------------------
-# dispatch
-# --------------------------------------------------------------------------------------------
-
-
-def encode(
-    x: torch.Tensor,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    out: torch.Tensor | None = None,
-    *,
-    check_finite: bool = True,
-) -> torch.Tensor:
-    """Encodes a float tensor into MinMax-UInt8 wire bytes (Triton on CUDA, torch reference on CPU).
-
-    Args:
-        x: contiguous float32/float16/bfloat16 tensor of any shape, treated as flat.
-        block_size: elements per (min, max) block, a positive power of two.
-        out: optional preallocated 1-D contiguous uint8 tensor of ``wire_numel(x.numel(), block_size)``
-            bytes on x's device.
-        check_finite: raise on NaN/Inf (default). With False, a non-finite block is only marked
-            (NaN header, zero codes), so it decodes to NaN: a marker that survives the wire, for
-            callers that check later (e.g. after a collective, so that all ranks fail alike). It
-            also skips the host sync of the check on CUDA.
-
-    Returns:
-        The 1-D uint8 wire tensor (``out`` if given): header of (min, max) float32 pairs, then codes.
-
-    Raises:
-        ValueError: bad arguments, or (with check_finite) x holds NaN/Inf, naming the first bad
-            block. The check reads only the 2*nb header values, but on CUDA it is a host sync.
-
-    Example::
-
-        >>> wire = encode(torch.arange(8.0), block_size=4)
-        >>> wire.numel(), wire[:16].view(torch.float32).tolist()
-        (24, [0.0, 3.0, 4.0, 7.0])
-    """
-    if isinstance(x, torch.Tensor) and _codec.use_triton(x, block_size, "MinMaxUInt8"):
-        return encode_triton(x, block_size, out, check_finite=check_finite)
-    return encode_reference(x, block_size, out, check_finite=check_finite)
-
-
-def decode(
-    wire: torch.Tensor,
-    numel: int,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    out: torch.Tensor | None = None,
-    dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """Decodes MinMax-UInt8 wire bytes (Triton on CUDA, torch reference on CPU).
-
-    Args:
-        wire: 1-D contiguous uint8 tensor of at least ``wire_numel(numel, block_size)`` bytes.
-        numel: number of encoded elements.
-        block_size: the block size used to encode.
-        out: optional contiguous float tensor of ``numel`` elements on wire's device; its dtype is
-            the output dtype (``dtype`` is then ignored) and its shape is kept.
-        dtype: output dtype when ``out`` is not given (float32, float16 or bfloat16).
-
-    Returns:
-        ``out`` if given, else a new 1-D tensor of ``numel`` elements.
-
-    Example::
-
-        >>> decode(encode(torch.arange(8.0), block_size=4), 8, block_size=4).tolist()
-        [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
-    """
-    if isinstance(wire, torch.Tensor) and _codec.use_triton(wire, block_size, "MinMaxUInt8"):
-        return decode_triton(wire, numel, block_size, out, dtype)
-    return decode_reference(wire, numel, block_size, out, dtype)
+encode, decode, encode_reference, decode_reference, encode_triton, decode_triton = _codec.public_functions(
+    WIRE, DEFAULT_BLOCK_SIZE, (_encode_reference_raw, _decode_reference_raw), (_encode_triton_raw, _minmax_uint8_decode_kernel),
+    _overflow, uses_tail_lengths=False,
+)

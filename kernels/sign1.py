@@ -43,7 +43,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Optional
 
 import torch
 
@@ -51,22 +51,10 @@ from . import _codec
 from ._codec import SUPPORTED_DTYPES, ref_chunks, ref_scratch
 from ._triton import HAS_TRITON, device_guard, launches, store_rne, tl, triton
 
-__all__ = [
-    "DEFAULT_BLOCK_SIZE",
-    "SUPPORTED_DTYPES",
-    "HAS_TRITON",
-    "wire_numel",
-    "encode",
-    "decode",
-    "encode_reference",
-    "decode_reference",
-    "encode_triton",
-    "decode_triton",
-]
+__all__ = list(_codec.PUBLIC_NAMES)
 
 DEFAULT_BLOCK_SIZE = 1024
 WIRE = _codec.BlockWire("Sign1", header_floats=1, elements_per_byte=8)
-TailLengths = Optional[Union[Sequence[int], torch.Tensor]]
 
 # decoding table: byte -> its eight elements' signs, +-1.0, bit 0 first
 _SIGNS = torch.tensor([[1.0 if (byte >> j) & 1 else -1.0 for j in range(8)] for byte in range(256)])
@@ -88,22 +76,6 @@ def wire_numel(numel: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
 
 def _overflow(block: torch.Tensor) -> str:
     return f"a sum of |x| that overflows float32 (max |x| {float(block.float().abs().max())})"
-
-
-def _tails(tail_lengths: TailLengths, numel: int, block_size: int) -> Optional[torch.Tensor]:
-    """``tail_lengths`` checked, as an int32 tensor (None when not given)."""
-    if tail_lengths is None:
-        return None
-    lengths = torch.as_tensor(tail_lengths, dtype=torch.int64).reshape(-1).cpu()
-    nb = WIRE.num_blocks(numel, block_size)
-    if numel % block_size or lengths.numel() > nb or (lengths.numel() and not (
-            bool((lengths >= 1).all()) and bool((lengths <= block_size).all()))):
-        raise ValueError(
-            f"tail_lengths are the real lengths (1 to block_size = {block_size}) of the last blocks of a "
-            f"stream of whole blocks; got {lengths.numel()} lengths for {numel} elements "
-            f"(min {int(lengths.min()) if lengths.numel() else '-'}, max {int(lengths.max()) if lengths.numel() else '-'})"
-        )
-    return lengths.to(torch.int32)
 
 
 # --------------------------------------------------------------------------------------------
@@ -159,33 +131,25 @@ def _encode_rows(
 
 
 def _encode_reference_raw(
-    x_flat: torch.Tensor, wire: torch.Tensor, block_size: int, tail_lengths: Optional[torch.Tensor] = None
+    x_flat: torch.Tensor, scales: torch.Tensor, bits: torch.Tensor, block_size: int, tails: Optional[torch.Tensor]
 ) -> None:
-    numel = x_flat.numel()
-    nb = WIRE.num_blocks(numel, block_size)
-    if nb == 0:
-        return
-    scales, bits = WIRE.header_for_write(wire, nb), WIRE.codes(wire, numel, block_size)
-    lengths = torch.full((nb,), block_size, dtype=torch.int32, device=x_flat.device) if tail_lengths is not None else None
-    if lengths is not None and tail_lengths.numel():
-        lengths[nb - tail_lengths.numel():] = tail_lengths.to(x_flat.device)
-    first_tail = nb - (0 if tail_lengths is None else tail_lengths.numel())
+    numel, nb = x_flat.numel(), scales.numel()
+    first_tail = nb - (0 if tails is None else tails.numel())
+    lengths = torch.full((nb,), block_size, dtype=torch.int32, device=x_flat.device)
+    if first_tail < nb:
+        lengths[first_tail:] = tails.to(x_flat.device)
     scratch = ref_scratch(numel, block_size, x_flat.device)
     for e0, rows, length in ref_chunks(numel, block_size):
         b0 = e0 // block_size
         _encode_rows(
             x_flat[e0 : e0 + rows * length].view(rows, length),
-            lengths[b0 : b0 + rows] if lengths is not None and b0 + rows > first_tail else None,
+            lengths[b0 : b0 + rows] if b0 + rows > first_tail else None,  # rows with padded tails
             block_size, scales[b0 : b0 + rows], bits[e0 // 8 : -(-(e0 + rows * length) // 8)], scratch,
         )  # fmt: skip
-    WIRE.flush_header(wire, scales, nb)
 
 
-def _decode_reference_raw(wire: torch.Tensor, numel: int, block_size: int, out_flat: torch.Tensor) -> None:
-    nb = WIRE.num_blocks(numel, block_size)
-    if nb == 0:
-        return
-    scales, bits = WIRE.read_header(wire, nb), WIRE.codes(wire, numel, block_size)
+def _decode_reference_raw(scales: torch.Tensor, bits: torch.Tensor, numel: int, block_size: int,
+                          out_flat: torch.Tensor) -> None:
     table = _SIGNS.to(out_flat.device)
     scratch = ref_scratch(numel, block_size, out_flat.device)
     for e0, rows, length in ref_chunks(numel, block_size):
@@ -197,46 +161,6 @@ def _decode_reference_raw(wire: torch.Tensor, numel: int, block_size: int, out_f
         y.mul_(scales[b0 : b0 + rows, None])  # +-scale, exactly
         if not direct:
             out_flat[e0:e1].view(rows, length).copy_(y)  # to the output dtype: round to nearest even
-
-
-def encode_reference(
-    x: torch.Tensor,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    out: Optional[torch.Tensor] = None,
-    *,
-    check_finite: bool = True,
-    tail_lengths: TailLengths = None,
-) -> torch.Tensor:
-    """Plain-torch Sign1 encode (any device); the same bytes as the Triton kernel.
-
-    Args/returns/raises as :func:`encode`.
-
-    Example::
-
-        >>> encode_reference(torch.ones(10), block_size=8).numel()
-        10
-    """
-    tails = _tails(tail_lengths, x.numel(), block_size) if isinstance(x, torch.Tensor) else None
-    return WIRE.encode_with(_encode_reference_raw, _overflow, x, block_size, out, check_finite, tails)
-
-
-def decode_reference(
-    wire: torch.Tensor,
-    numel: int,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    out: Optional[torch.Tensor] = None,
-    dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """Plain-torch Sign1 decode (any device); the same values as the Triton kernel.
-
-    Args/returns/raises as :func:`decode`.
-
-    Example::
-
-        >>> decode_reference(encode_reference(-torch.ones(10), 8), 10, 8)[:3]
-        tensor([-1., -1., -1.])
-    """
-    return WIRE.decode_with(_decode_reference_raw, wire, numel, block_size, out, dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -284,171 +208,49 @@ if triton is not None:
         tl.store(scale_ptr + pid, tl.where(bad, float("nan"), scale))
 
     @triton.jit
-    def _sign1_decode_kernel(scale_ptr, bits_ptr, out_ptr, numel, BLOCK: tl.constexpr, MASKED: tl.constexpr):
+    def _sign1_decode_kernel(
+        scale_ptr, bits_ptr, out_ptr, numel, BLOCK: tl.constexpr, MASKED: tl.constexpr, CODES_ALIGN8: tl.constexpr
+    ):
         # One program per block: x' = +-scale by each element's bit.
         pid = tl.program_id(0)
         offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         boffs = pid.to(tl.int64) * (BLOCK // 8) + tl.arange(0, BLOCK // 8)
+        bit_ptrs = bits_ptr + boffs
+        if CODES_ALIGN8:
+            bit_ptrs = tl.multiple_of(bit_ptrs, 8)
         scale = tl.load(scale_ptr + pid)
         if MASKED:
-            packed = tl.load(bits_ptr + boffs, mask=boffs < (numel + 7) // 8, other=0)
+            packed = tl.load(bit_ptrs, mask=boffs < (numel + 7) // 8, other=0)
         else:
-            packed = tl.load(bits_ptr + boffs)
+            packed = tl.load(bit_ptrs)
         bits = (packed.to(tl.int32)[:, None] >> tl.arange(0, 8)[None, :]) & 1
         y = tl.where(tl.reshape(bits, (BLOCK,)) != 0, scale, -scale)
         store_rne(out_ptr + offs, y, offs < numel, MASKED)
+else:  # pragma: no cover - without Triton only the references run
+    _sign1_encode_kernel = _sign1_decode_kernel = None
 
 
 def _encode_triton_raw(
-    x_flat: torch.Tensor, wire: torch.Tensor, block_size: int, tail_lengths: Optional[torch.Tensor] = None
+    x_flat: torch.Tensor, scales: torch.Tensor, bits: torch.Tensor, block_size: int, tails: Optional[torch.Tensor]
 ) -> None:
-    numel = x_flat.numel()
-    nb = WIRE.num_blocks(numel, block_size)
-    if nb == 0:
-        return
-    scales, bits = WIRE.header_for_write(wire, nb), WIRE.codes(wire, numel, block_size)
-    t = 0 if tail_lengths is None else tail_lengths.numel()
-    lengths = tail_lengths.to(x_flat.device) if t else scales  # (not read without LENGTHS)
+    numel, nb = x_flat.numel(), scales.numel()
+    t = 0 if tails is None else tails.numel()
     # (grid, first block, MASKED, LENGTHS): the full blocks, then a short last block or the padded tails
     plan = [(grid, e0 // block_size, masked, False) for grid, e0, masked in launches(numel, block_size)]
     if t:
-        plan = [(nb - t, 0, False, False), (t, nb - t, False, True)] if nb > t else [(t, 0, False, True)]
-    log2 = block_size.bit_length() - 1
+        plan = [(nb - t, 0, False, False), (t, nb - t, False, True)]
+    lengths = tails.to(x_flat.device) if t else scales  # (not read without LENGTHS)
     with device_guard(x_flat):
         for grid, b0, masked, with_lengths in plan:
             if grid:
                 _sign1_encode_kernel[(grid,)](
                     x_flat[b0 * block_size :], scales[b0:], bits[b0 * block_size // 8 :], lengths,
-                    numel - b0 * block_size, BLOCK=block_size, LOG2_BLOCK=log2, MASKED=masked,
-                    LENGTHS=with_lengths, num_warps=_codec.num_warps(block_size),
+                    numel - b0 * block_size, BLOCK=block_size, LOG2_BLOCK=block_size.bit_length() - 1,
+                    MASKED=masked, LENGTHS=with_lengths, num_warps=_codec.num_warps(block_size),
                 )  # fmt: skip
-    WIRE.flush_header(wire, scales, nb)
 
 
-def _decode_triton_raw(wire: torch.Tensor, numel: int, block_size: int, out_flat: torch.Tensor) -> None:
-    nb = WIRE.num_blocks(numel, block_size)
-    if nb == 0:
-        return
-    scales, bits = WIRE.read_header(wire, nb), WIRE.codes(wire, numel, block_size)
-    with device_guard(wire):
-        for grid, e0, masked in launches(numel, block_size):
-            b0 = e0 // block_size
-            _sign1_decode_kernel[(grid,)](
-                scales[b0:], bits[e0 // 8 :], out_flat[e0:], numel - e0,
-                BLOCK=block_size, MASKED=masked, num_warps=_codec.num_warps(block_size),
-            )  # fmt: skip
-
-
-def encode_triton(
-    x: torch.Tensor,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    out: Optional[torch.Tensor] = None,
-    *,
-    check_finite: bool = True,
-    tail_lengths: TailLengths = None,
-) -> torch.Tensor:
-    """Triton Sign1 encode: one program per block, a single pass over x.
-
-    Runs on CUDA tensors (or CPU tensors under ``TRITON_INTERPRET=1``). Args/returns/raises as
-    :func:`encode`; raises RuntimeError when Triton is not installed.
-
-    Example::
-
-        >>> wire = encode_triton(torch.randn(4096, device="cuda"))  # doctest: +SKIP
-    """
-    _codec.require_block_triton(x, block_size, "encode_triton")
-    tails = _tails(tail_lengths, x.numel(), block_size) if isinstance(x, torch.Tensor) else None
-    return WIRE.encode_with(_encode_triton_raw, _overflow, x, block_size, out, check_finite, tails)
-
-
-def decode_triton(
-    wire: torch.Tensor,
-    numel: int,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    out: Optional[torch.Tensor] = None,
-    dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """Triton Sign1 decode: one program per block.
-
-    Runs on CUDA tensors (or CPU tensors under ``TRITON_INTERPRET=1``). Args/returns/raises as
-    :func:`decode`; raises RuntimeError when Triton is not installed.
-
-    Example::
-
-        >>> y = decode_triton(wire, 4096)  # doctest: +SKIP
-    """
-    _codec.require_block_triton(wire, block_size, "decode_triton")
-    return WIRE.decode_with(_decode_triton_raw, wire, numel, block_size, out, dtype)
-
-
-# --------------------------------------------------------------------------------------------
-# dispatch
-# --------------------------------------------------------------------------------------------
-
-
-def encode(
-    x: torch.Tensor,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    out: Optional[torch.Tensor] = None,
-    *,
-    check_finite: bool = True,
-    tail_lengths: TailLengths = None,
-) -> torch.Tensor:
-    """Encodes a float tensor into Sign1 wire bytes (Triton on CUDA, torch reference on CPU).
-
-    Args:
-        x: contiguous float32/float16/bfloat16 tensor of any shape, treated as flat.
-        block_size: elements per scale, a power of two >= 8.
-        out: optional preallocated 1-D contiguous uint8 tensor of ``wire_numel(x.numel(), block_size)``
-            bytes on x's device.
-        check_finite: raise on NaN/Inf (default). With False a non-finite block is only marked (NaN
-            scale, zero bits), so it decodes to NaN, for callers that check later (after a
-            collective, so that all ranks fail alike); on CUDA it also skips the check's host sync.
-        tail_lengths: x is a stream of whole blocks whose last ``len(tail_lengths)`` blocks hold
-            that many real elements each, the rest padding (see the module docstring).
-
-    Returns:
-        The 1-D uint8 wire tensor (``out`` if given): the scales, then the sign bits.
-
-    Raises:
-        ValueError: bad arguments, or (with check_finite) x holds NaN/Inf, naming the first bad block.
-
-    Example::
-
-        >>> wire = encode(torch.arange(-4.0, 4.0), block_size=8)
-        >>> wire[:4].view(torch.float32).tolist(), bin(int(wire[4]))
-        ([2.0], '0b11110000')
-    """
-    if isinstance(x, torch.Tensor) and _codec.use_triton(x, block_size, "Sign1"):
-        return encode_triton(x, block_size, out, check_finite=check_finite, tail_lengths=tail_lengths)
-    return encode_reference(x, block_size, out, check_finite=check_finite, tail_lengths=tail_lengths)
-
-
-def decode(
-    wire: torch.Tensor,
-    numel: int,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    out: Optional[torch.Tensor] = None,
-    dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """Decodes Sign1 wire bytes (Triton on CUDA, torch reference on CPU).
-
-    Args:
-        wire: 1-D contiguous uint8 tensor of at least ``wire_numel(numel, block_size)`` bytes.
-        numel: number of encoded elements.
-        block_size: the block size used to encode.
-        out: optional contiguous float tensor of ``numel`` elements on wire's device; its dtype is
-            the output dtype (``dtype`` is then ignored) and its shape is kept.
-        dtype: output dtype when ``out`` is not given (float32, float16 or bfloat16).
-
-    Returns:
-        ``out`` if given, else a new 1-D tensor of ``numel`` elements.
-
-    Example::
-
-        >>> decode(encode(torch.arange(-4.0, 4.0), block_size=8), 8, block_size=8).tolist()
-        [-2.0, -2.0, -2.0, -2.0, 2.0, 2.0, 2.0, 2.0]
-    """
-    if isinstance(wire, torch.Tensor) and _codec.use_triton(wire, block_size, "Sign1"):
-        return decode_triton(wire, numel, block_size, out, dtype)
-    return decode_reference(wire, numel, block_size, out, dtype)
+encode, decode, encode_reference, decode_reference, encode_triton, decode_triton = _codec.public_functions(
+    WIRE, DEFAULT_BLOCK_SIZE, (_encode_reference_raw, _decode_reference_raw), (_encode_triton_raw, _sign1_decode_kernel),
+    _overflow, uses_tail_lengths=True,
+)
