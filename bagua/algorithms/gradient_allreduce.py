@@ -28,15 +28,10 @@ from .tunable import Tunable, powers_of_two
 SEGMENT_SIZES = powers_of_two(1 << 16, 1 << 22)
 
 
-def allreduce_bucket(
-    bucket: Bucket,
-    process_group: BaguaProcessGroup,
-    op: ReduceOp,
-    node_groups: Optional[NodeGroups] = None,
-    compression: Optional[str] = None,
-    segment_elems: int = SEGMENT_ELEMS,
-    error_feedback: Optional[ErrorFeedback] = None,
-) -> Optional[Handle]:
+def allreduce_bucket(bucket: Bucket, process_group: BaguaProcessGroup, op: ReduceOp,
+                     node_groups: Optional[NodeGroups] = None, compression: Optional[str] = None,
+                     segment_elems: int = SEGMENT_ELEMS, error_feedback: Optional[ErrorFeedback] = None,
+                     ) -> Optional[Handle]:
     """Allreduce ``bucket``'s flat buffer now: flat, or hierarchical over ``node_groups``; exact
     (returns the collective's handle) or compressed (with ``error_feedback``'s residuals, if
     given). A compressed one quantizes each tensor of the bucket on its own blocks, so neither the
