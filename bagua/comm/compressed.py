@@ -199,7 +199,7 @@ def compressed_allreduce(
                 seg.reduce_and_share(_REDUCERS[op])
             for seg in segments:
                 seg.result_into(result)
-        if error_feedback is not None and not bool(torch.isfinite(result).all()):
+        if error_feedback is not None and not all_finite(result):
             error_feedback.reset()  # the same result on every rank: every rank resets
         if nonfinite == "raise":
             raise_if_nonfinite(what, result)
@@ -268,9 +268,15 @@ def check_nonfinite_choice(nonfinite: object) -> None:
         raise ValueError(f"nonfinite must be 'raise' or 'propagate', got {nonfinite!r}")
 
 
+def all_finite(t: torch.Tensor) -> bool:
+    """Whether ``t`` holds no NaN and no Inf: its sum is finite (one cheap pass: torch's
+    ``isfinite`` is ~15x slower on CPU), or, when the sum overflowed, every element is."""
+    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
+
+
 def raise_if_nonfinite(what: str, result: torch.Tensor) -> None:
     """The error of a compressed allreduce (``what``) whose ``result`` holds NaN or Inf."""
-    if not torch.isfinite(result).all():
+    if not all_finite(result):
         raise ValueError(
             f"{what}: the input holds NaN or Inf on at least one rank; the result would be "
             f"garbage. Check for a diverging loss (lower the learning rate, clip gradients, "
