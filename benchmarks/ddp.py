@@ -19,6 +19,8 @@ decentralized         bagua, weights averaged with all peers (peer_selection_mod
 low_precision_decentralized  bagua, ring, 8-bit compressed weight differences
 async                 bagua, background model averaging (sync_interval_ms, warmup_steps=0)
 qadam                 bagua, ``QAdamAlgorithm(QAdamOptimizer(lr=1e-3, warmup_steps=<warm-up>, eps=--qadam-eps))``
+onebit_grad           bagua, 1-bit (sign1) gradient allreduce with error feedback, ``warmup_steps=<warm-up>``
+local                 no wrapper, no communication: the step's compute alone (where 1 bit is compute-bound)
 ====================  ========================================================================
 
 Measured per variant: the median step time over all timed steps (each rank's median, then the max
@@ -164,6 +166,7 @@ class Variant:
 
         self.name = name
         self.is_torch = name.startswith("ddp")
+        self.is_local = name == "local"
         self.algo = None
         broadcast_buffers = not name.endswith("-nobuf")
         model = make_model(dims, batchnorm="-bn" in name).to(device)
@@ -172,7 +175,9 @@ class Variant:
                                                   eps=qadam_eps)
         else:
             self.opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        if self.is_torch:
+        if self.is_local:
+            self.model = model
+        elif self.is_torch:
             cap = 10 if name == "ddp-10MB" else 25
             kw = {"device_ids": [torch.cuda.current_device()]} if device == "cuda" else {}
             self.model = TorchDDP(model, bucket_cap_mb=cap, forward_sync_buffers=broadcast_buffers, **kw)
@@ -187,6 +192,8 @@ class Variant:
             elif base == "async":
                 algo = bagua.algorithms.AsyncModelAverageAlgorithm(
                     sync_interval_ms=async_interval_ms, warmup_steps=0)
+            elif base == "onebit_grad":  # its exact warm-up: the untimed steps
+                algo = bagua.algorithms.OneBitGradAlgorithm(warmup_steps=warmup)
             else:
                 algo = bagua.algorithms.Algorithm.init(base)
             self.algo = algo
@@ -202,7 +209,7 @@ class Variant:
 
         self.opt.zero_grad(set_to_none=True)
         out = self.model(x)
-        if not self.is_torch:
+        if not self.is_torch and not self.is_local:
             self.last_step_bytes.append(self.model.bytes_sent_last_step)
         loss = F.cross_entropy(out, y)
         loss.backward()
@@ -220,7 +227,7 @@ class Variant:
 
     def close(self) -> None:
         self.end_block()
-        if not self.is_torch:
+        if not self.is_torch and not self.is_local:
             self.model.close()
 
 
@@ -336,7 +343,7 @@ def run_worker(args: argparse.Namespace) -> int:
         rows[v.name] = {
             "step_s": med, "p25_s": p25, "p75_s": p75, "epoch_s": epoch,
             "bagua_sent_per_step": None if v.is_torch else b,
-            "bytes_sent_last_step": None if v.is_torch or last < 0 else last,
+            "bytes_sent_last_step": None if v.is_torch or v.is_local or last < 0 else last,
             "ring_formula_per_step": (2 * (world - 1) / world * v.grad_bytes * (0.5 if v.name == "ddp-fp16" else 1.0))
             if v.is_torch else None,
             "wire_per_step": w if w >= 0 else None,

@@ -112,7 +112,10 @@ def _encode_rows(
     m, length = rows.shape
     a = scratch[: m * block].view(m, block)
     a[:, length:].zero_()
-    a[:, :length].copy_(rows).abs_()  # half inputs are upcast exactly
+    if rows.dtype == torch.float32:
+        torch.abs(rows, out=a[:, :length])
+    else:
+        a[:, :length].copy_(rows).abs_()  # half inputs are upcast exactly
     if lengths is not None:
         a.masked_fill_(torch.arange(block, device=a.device)[None, :] >= lengths[:, None], 0.0)
         count = lengths.to(torch.float32)[:, None]

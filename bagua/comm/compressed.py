@@ -192,9 +192,13 @@ def compressed_allreduce(
             seg.send_chunks()
     traffic.record("compressed_allreduce", sum(seg.wire_bytes_sent() for seg in segments))
 
+    # every chunk is encoded by now: a float32 tensor may take the results as they are decoded,
+    # unless an error must leave it as it was
+    in_place = nonfinite == "propagate" and tensor.dtype == torch.float32 and tensor.is_contiguous()
+
     def finish() -> None:
         with _named_errors(what):
-            result = torch.empty(n, dtype=torch.float32, device=tensor.device)
+            result = flat if in_place else torch.empty(n, dtype=torch.float32, device=tensor.device)
             for seg in segments:
                 seg.reduce_and_share(_REDUCERS[op])
             for seg in segments:
@@ -203,7 +207,8 @@ def compressed_allreduce(
             error_feedback.reset()  # the same result on every rank: every rank resets
         if nonfinite == "raise":
             raise_if_nonfinite(what, result)
-        tensor.copy_(result.view_as(tensor))
+        if not in_place:
+            tensor.copy_(result.view_as(tensor))
 
     return _run(what, lambda: _Requests([seg.phase1 for seg in segments]), finish, async_op)
 
@@ -377,12 +382,17 @@ class _Chunk:
 
     def encode_with_feedback(self, codec: Codec, stream: torch.Tensor, residual: torch.Tensor, out: torch.Tensor) -> None:
         """Encode ``stream`` plus its residual (read from the flat ``residual``) into ``out``, and
-        keep what the encoding left out as the new residual."""
-        compensated = stream + self.gather(residual)
+        keep what the encoding left out as the new residual (in place where the chunk is one
+        stretch)."""
+        whole = self.whole_slice()
+        compensated = residual[whole[0]:whole[1]] if whole is not None else self.gather(residual)
+        compensated.add_(stream)
         self.encode(codec, compensated, out)
         sent = torch.empty_like(compensated)
         self.decode(codec, out, sent)
-        self.scatter(compensated.sub_(sent), residual)
+        compensated.sub_(sent)
+        if whole is None:
+            self.scatter(compensated, residual)
 
 
 class _Segment:
