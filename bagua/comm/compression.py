@@ -332,7 +332,8 @@ class MinMaxUInt8(_BlockCodec):
 
 class Sign1(_BlockCodec):
     """Per-block float32 scale (the block's mean |x|) and one sign bit per element: ~1/8 byte per
-    element, 32x fewer bytes than fp32 (``wire_numel(n) = 4 * ceil(n / block_size) + ceil(n / 8)``).
+    element, 28x fewer bytes than fp32 at the default block of 256 (``wire_numel(n) = 4 * ceil(n /
+    block_size) + ceil(n / 8)``).
 
     Each element decodes to +-scale of its block: the block's L1 norm is kept and the squared
     error is the least any scaled sign can make, but one encode is far from the input (a block
@@ -342,7 +343,8 @@ class Sign1(_BlockCodec):
     (:mod:`bagua.kernels.sign1`). NaN/Inf input raises ValueError naming the first bad block.
 
     Args:
-        block_size: elements per scale, a power of two >= 8 (default 1024: the scales add 3%).
+        block_size: elements per scale, a power of two >= 8 (default 256: the scales add 12.5%;
+            smaller blocks follow the values' magnitudes more closely, see :mod:`bagua.kernels.sign1`).
 
     Example::
 
