@@ -4,7 +4,7 @@ For the first ``warmup_steps`` steps each bucket is allreduced exactly (as ``gra
 1-bit compression from the first step hurts convergence, while the gradients are large and change
 fast. Afterwards each bucket goes through the ``sign1`` scatter-reduce-gather of ``bagua.comm``
 with error feedback (1-bit Adam's two-stage scheme): every rank sends the sign of (gradient +
-its residual) and one scale per 256 values (their mean |x|), 28x fewer bytes than fp32; the
+its residual) and one scale per 256 values (their root mean square), 28x fewer bytes than fp32; the
 rank that reduces a chunk sends the sign of (average + its residual) back. Every rank ends backward
 with identical gradients; what each step's rounding left out is sent in the next steps.
 

@@ -17,7 +17,7 @@ raw wire bytes rebuilds the payload and decodes it::
 
 Codecs: ``fp16`` and ``bf16`` (casts, 2 bytes per element), ``minmax_uint8`` (per-block
 float32 min/max and an 8-bit code per element, ~1 byte per element; see
-:mod:`bagua.kernels.minmax_uint8`) and ``sign1`` (per-block float32 mean |x| and a sign bit per
+:mod:`bagua.kernels.minmax_uint8`) and ``sign1`` (per-block float32 root mean square and a sign bit per
 element, ~1/8 byte per element; see :mod:`bagua.kernels.sign1`; meant for error feedback, which
 ``bagua.comm.compressed_allreduce(..., error_feedback=...)`` does). Every codec refuses NaN/Inf by
 default (ValueError), since a compressed non-finite value is garbage; ``encode(t,
@@ -120,7 +120,7 @@ class Codec(abc.ABC):
         ``tail_lengths``: the tensor is a stream of whole blocks whose last ``len(tail_lengths)``
         blocks hold only that many real elements each, each padded to a whole block by repeating
         its last real element (``bagua.comm.compressed`` encodes a chunk of many tensors so). A
-        codec whose block header that padding changes (``sign1``: the mean |x|) leaves it out;
+        codec whose block header that padding changes (``sign1``: the mean square) leaves it out;
         the others (min/max, casts) need not look at it."""
 
     @abc.abstractmethod
@@ -331,13 +331,14 @@ class MinMaxUInt8(_BlockCodec):
 
 
 class Sign1(_BlockCodec):
-    """Per-block float32 scale (the block's mean |x|) and one sign bit per element: ~1/8 byte per
-    element, 28x fewer bytes than fp32 at the default block of 256 (``wire_numel(n) = 4 * ceil(n /
-    block_size) + ceil(n / 8)``).
+    """Per-block float32 scale (the block's root mean square) and one sign bit per element: ~1/8
+    byte per element, 28x fewer bytes than fp32 at the default block of 256 (``wire_numel(n) = 4 *
+    ceil(n / block_size) + ceil(n / 8)``).
 
-    Each element decodes to +-scale of its block: the block's L1 norm is kept and the squared
-    error is the least any scaled sign can make, but one encode is far from the input (a block
-    of N(0, 1) values errs by ~0.6 per element). Use it with error feedback, which sends what a
+    Each element decodes to +-scale of its block: the block's L2 norm is kept (so Adam's second
+    moment sees the true mean square; see :mod:`bagua.kernels.sign1` for why not the mean |x|),
+    but one encode is far from the input (a block of N(0, 1) values errs by ~0.6 per element,
+    relative to its norm). Use it with error feedback, which sends what a
     step's rounding left out in the next steps (``bagua.comm.compressed_allreduce(...,
     error_feedback=ErrorFeedback())``). Triton kernels on CUDA, a torch path on CPU
     (:mod:`bagua.kernels.sign1`). NaN/Inf input raises ValueError naming the first bad block.
@@ -349,9 +350,9 @@ class Sign1(_BlockCodec):
     Example::
 
         >>> codec = Sign1(block_size=8)
-        >>> p = codec.encode(torch.tensor([0.5, -1.5, 2.0, -1.0]))
+        >>> p = codec.encode(torch.tensor([1.0, -5.0, 5.0, -7.0]))
         >>> p.data.numel(), codec.decode(p).tolist()           # 4 bytes of scale, 1 of signs
-        (5, [1.25, -1.25, 1.25, -1.25])
+        (5, [5.0, -5.0, 5.0, -5.0])
     """
 
     name: ClassVar[str] = "sign1"
