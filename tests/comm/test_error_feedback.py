@@ -60,7 +60,7 @@ def _mean_inputs(world_size: int, steps: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_sent_sums_to_the_inputs_up_to_bounded_residuals_identically_on_every_rank(world_size):
-    steps = 40
+    steps = 24
     results = run_ranks(_calls, world_size, steps, timeout=180)
     errors = {}
     for step in (4, steps - 1):
@@ -68,10 +68,10 @@ def test_sent_sums_to_the_inputs_up_to_bounded_residuals_identically_on_every_ra
         sent, left, _ = results[0][(SEGMENT_ELEMS, step)]
         torch.testing.assert_close(sent + left, inputs, rtol=0, atol=2e-4 * (step + 1))
         errors[step] = ((sent - inputs) / (step + 1)).abs().max()
-    # bounded: 8x more steps, the residuals no larger, so the mean's error shrinks like 1/T
+    # bounded: ~5x more steps, the residuals no larger, so the mean's error shrinks like 1/T
     early, late = results[0][(SEGMENT_ELEMS, 4)], results[0][(SEGMENT_ELEMS, steps - 1)]
     assert late[1].norm() < 2 * early[1].norm() and late[2] < 2 * early[2]
-    assert errors[steps - 1] < errors[4] / 4
+    assert errors[steps - 1] < errors[4] / 2.5
     for r in results:
         for a, b, c in zip(r[SEGMENT_ELEMS], results[0][SEGMENT_ELEMS], results[0]["varying"]):
             assert torch.equal(a, b)  # identical on every rank
