@@ -38,8 +38,8 @@ from __future__ import annotations
 import torch
 
 from . import _codec
-from ._codec import SUPPORTED_DTYPES, ref_chunks, ref_scratch
-from ._triton import HAS_TRITON, device_guard, launches, store_rne, tl, triton
+from ._codec import SUPPORTED_DTYPES, ref_chunks, ref_scratch  # noqa: F401 (SUPPORTED_DTYPES: in __all__)
+from ._triton import HAS_TRITON, device_guard, launches, store_rne, tl, triton  # noqa: F401 (HAS_TRITON: in __all__)
 
 __all__ = list(_codec.PUBLIC_NAMES)
 

@@ -60,8 +60,8 @@ from typing import Optional
 import torch
 
 from . import _codec
-from ._codec import SUPPORTED_DTYPES, ref_chunks, ref_scratch
-from ._triton import HAS_TRITON, device_guard, launches, store_rne, tl, triton
+from ._codec import SUPPORTED_DTYPES, ref_chunks, ref_scratch  # noqa: F401 (SUPPORTED_DTYPES: in __all__)
+from ._triton import HAS_TRITON, device_guard, launches, store_rne, tl, triton  # noqa: F401 (HAS_TRITON: in __all__)
 
 __all__ = list(_codec.PUBLIC_NAMES)
 
