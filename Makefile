@@ -36,7 +36,7 @@ system-deps:
 	fi
 
 # make demo ALGORITHM=bytegrad: any of gradient_allreduce, bytegrad, decentralized,
-# low_precision_decentralized, async, qadam
+# low_precision_decentralized, async, qadam, onebit_grad
 ALGORITHM ?= gradient_allreduce
 
 demo: $(VENV)/.installed-examples

@@ -3,8 +3,9 @@ algorithm state, the sampler's progress, and every rank's RNG states.
 
 Every rank calls ``save_checkpoint`` (it gathers the ranks' RNG states). Rank 0 writes one
 file; when the algorithm's replicas legitimately differ (decentralized, low-precision
-decentralized, async after its warm-up) every other rank first writes its own replica (weights,
-optimizer and algorithm state) to ``<path>.rank<r>``, and rank 0 writes ``<path>`` last, so a
+decentralized, async after its warm-up) or its state does (onebit_grad's error-feedback residuals)
+every other rank first writes its own replica (weights, optimizer and algorithm state) to
+``<path>.rank<r>``, and rank 0 writes ``<path>`` last, so a
 complete set is exactly a readable ``<path>``. Writes are atomic (a temporary file in the same
 directory, fsync, rename): a crash leaves the previous checkpoint intact. ``load_checkpoint``
 reads the files on every rank (a filesystem every rank sees): each rank takes its own replica
@@ -111,7 +112,7 @@ def save_checkpoint(
     path = Path(path)
     wrapper, module = _unwrap(model)
     rank, world = _rank_and_world()
-    differs = wrapper is not None and not wrapper.impl.replicas_identical(wrapper)
+    differs = wrapper is not None and (not wrapper.impl.replicas_identical(wrapper) or wrapper.impl.state_per_rank)
     mine = (_rng_state(), differs)
     gathered = comm.allgather_object(mine) if world > 1 else [mine]
     rng = [state for state, _ in gathered]

@@ -1,16 +1,17 @@
-"""MinMax-UInt8 Triton kernels on a CUDA GPU: correctness against the torch reference, then
-throughput against device-to-device copy bandwidth.
+"""The block codecs' Triton kernels (MinMax-UInt8, or Sign1 with ``--codec sign1``) on a CUDA GPU:
+correctness against the torch reference, then throughput against device-to-device copy bandwidth.
 
-Encode reads 4 bytes and writes ~1 byte per fp32 element, decode the reverse, so both are memory
-bound and the yardstick is a plain copy (``torch.empty_like(x).copy_(x)``, read + write bytes).
-Times are medians of ``triton.testing.do_bench``. The encode timing skips the NaN/Inf check
-(``check_finite=False``): that check reads only the 2*nb header values but is a host sync; its
-cost is shown separately in the "enc+check us" column.
+Encode reads 4 bytes and writes ~1 byte (Sign1: ~1/8) per fp32 element, decode the reverse, so
+both are memory bound and the yardstick is a plain copy (``torch.empty_like(x).copy_(x)``, read
++ write bytes). Times are medians of ``triton.testing.do_bench``. The encode timing skips the
+NaN/Inf check (``check_finite=False``): that check reads only the header values but is a host
+sync; its cost is shown separately in the "enc+check us" column.
 
 Usage::
 
     python benchmarks/codec_gpu.py                      # n = 1M, 4M, 16M, 64M fp32 elements
     python benchmarks/codec_gpu.py --sizes 16M 64M --block-size 1024
+    python benchmarks/codec_gpu.py --codec sign1
 
 The last line printed is the key ratio: the lowest % of copy bandwidth reached by encode or decode
 over the sizes >= 16M elements. Record results in benchmarks/RESULTS.md (date, machine).
@@ -74,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", type=_parse_size, default=[1 << 20, 1 << 22, 1 << 24, 1 << 26],
                         help="fp32 element counts (K/M/G suffixes allowed); default 1M 4M 16M 64M")
-    parser.add_argument("--block-size", type=int, default=1024, help="MinMax-UInt8 block size (default 1024)")
+    parser.add_argument("--codec", choices=("minmax_uint8", "sign1"), default="minmax_uint8")
+    parser.add_argument("--block-size", type=int, default=1024, help="the codec's block size (default 1024)")
     parser.add_argument("--warmup", type=int, default=25, help="do_bench warmup, ms")
     parser.add_argument("--rep", type=int, default=200, help="do_bench repetition time, ms")
     args = parser.parse_args(argv)
@@ -88,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as err:
         print(f"codec_gpu.py needs Triton ({err}); install the gpu extra: pip install 'bagua-torch[gpu]' (in a clone: pip install -e '.[gpu]')", file=sys.stderr)
         return 2
-    from bagua.kernels import minmax_uint8 as mm
+    import importlib
+
+    mm = importlib.import_module(f"bagua.kernels.{args.codec}")
 
     props = torch.cuda.get_device_properties(0)
     print(f"device: {props.name} ({props.total_memory / 2**30:.0f} GiB), torch {torch.__version__}, "
@@ -106,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['encode_checked_us']:>13.1f}")
     key = [r[k] for r in rows if r["n"] >= 1 << 24 for k in ("encode_pct_copy", "decode_pct_copy")]
     if key:
-        print(f"key ratio: MinMaxUInt8 encode/decode reach >= {min(key):.1f}% of copy bandwidth (n >= 16M)")
+        print(f"key ratio: {mm.WIRE.codec} encode/decode reach >= {min(key):.1f}% of copy bandwidth (n >= 16M)")
     else:
         print("key ratio: n/a (no size >= 16M elements was measured)")
     return 0

@@ -19,6 +19,8 @@ decentralized         bagua, weights averaged with all peers (peer_selection_mod
 low_precision_decentralized  bagua, ring, 8-bit compressed weight differences
 async                 bagua, background model averaging (sync_interval_ms, warmup_steps=0)
 qadam                 bagua, ``QAdamAlgorithm(QAdamOptimizer(lr=1e-3, warmup_steps=<warm-up>, eps=--qadam-eps))``
+onebit_grad           bagua, 1-bit (sign1) gradient allreduce with error feedback, ``warmup_steps=<warm-up>``
+local                 no wrapper, no communication: the step's compute alone (where 1 bit is compute-bound)
 ====================  ========================================================================
 
 Measured per variant: the median step time over all timed steps (each rank's median, then the max
@@ -161,7 +163,8 @@ def make_variant(name: str, dims: Sequence[int], warmup: int, async_interval_ms:
         opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=max(1, warmup), eps=qadam_eps)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    return Variant(name, model, opt, lambda m, batch: F.cross_entropy(m(batch[0]), batch[1]), async_interval_ms, device)
+    return Variant(name, model, opt, lambda m, batch: F.cross_entropy(m(batch[0]), batch[1]), async_interval_ms, device,
+                   warmup=warmup)
 
 
 def run_worker(args: argparse.Namespace) -> int:

@@ -16,14 +16,14 @@ from _jobs import fmt_bytes
 
 ALL_VARIANTS = (
     "ddp", "ddp-10MB", "ddp-fp16", "gradient_allreduce", "gradient_allreduce-10MB", "bytegrad",
-    "bytegrad-10MB", "decentralized", "low_precision_decentralized", "async", "qadam",
+    "bytegrad-10MB", "decentralized", "low_precision_decentralized", "async", "qadam", "onebit_grad", "local",
 )
 # A BatchNorm after every hidden layer, with the buffers broadcast every step (both wrappers'
 # default) and without (-nobuf): what broadcast_buffers costs each of them.
 BUFFER_VARIANTS = ("ddp-bn", "ddp-bn-nobuf", "gradient_allreduce-bn", "gradient_allreduce-bn-nobuf")
 NETWORK_VARIANTS = (
     "ddp", "ddp-fp16", "gradient_allreduce", "bytegrad", "decentralized",
-    "low_precision_decentralized", "async", "qadam",
+    "low_precision_decentralized", "async", "qadam", "onebit_grad",
 )
 LABELS = {
     "ddp": "torch DDP fp32",
@@ -37,6 +37,8 @@ LABELS = {
     "low_precision_decentralized": "bagua low_precision_decentralized",
     "async": "bagua async",
     "qadam": "bagua qadam (Adam)",
+    "onebit_grad": "bagua onebit_grad (1 bit, error feedback)",
+    "local": "no communication (one rank's compute)",
     "ddp-bn": "torch DDP, BatchNorm, buffers broadcast",
     "ddp-bn-nobuf": "torch DDP, BatchNorm, broadcast_buffers=False",
     "gradient_allreduce-bn": "bagua gradient_allreduce, BatchNorm, buffers broadcast",
@@ -147,6 +149,15 @@ def key_summary(jobs: list[dict[str, Any]], gpu: Optional[dict[str, Any]]) -> tu
                 key["bytegrad_speedup_100mbit"] = sp
                 ok = "met" if sp >= 3.0 else "NOT met"
                 parts.append(f"100mbit DDP fp32/bytegrad epoch {sp:.2f}x (target >=3x: {ok})")
+        if "ddp" in vs and "onebit_grad" in vs:
+            sp = vs["ddp"]["epoch_s"] / vs["onebit_grad"]["epoch_s"]
+            compute = (f"; its step is {vs['local']['step_s'] / vs['onebit_grad']['step_s']:.0%} compute "
+                       f"(no-communication step {vs['local']['step_s'] * 1e3:.0f} ms)") if "local" in vs else ""
+            lines.append(f"  {j['setting']} x{j['world']}: DDP fp32 / onebit_grad epoch time {sp:.2f}x{compute}")
+            key[f"onebit_speedup_{j['setting']}_x{j['world']}"] = sp
+            if j["setting"] == "100mbit":
+                parts.append(f"100mbit x{j['world']} DDP fp32/onebit_grad epoch {sp:.2f}x "
+                             f"(target >=8x: {'met' if sp >= 8.0 else 'NOT met'})")
     for flow in sorted({j["per_flow_rate"] for j in jobs if j.get("per_flow_rate")}):
         by_streams = {j["streams"]: j["variants"] for j in jobs if j.get("per_flow_rate") == flow and j["world"] == 2}
         if 1 not in by_streams:
@@ -178,7 +189,7 @@ COLORS = {
     "ddp": "black", "ddp-fp16": "dimgray", "gradient_allreduce": "tab:blue", "bytegrad": "tab:red",
     "decentralized": "tab:green", "low_precision_decentralized": "tab:olive", "async": "tab:purple",
     "qadam": "tab:orange", "ddp-10MB": "silver", "gradient_allreduce-10MB": "tab:cyan",
-    "bytegrad-10MB": "tab:pink",
+    "bytegrad-10MB": "tab:pink", "onebit_grad": "tab:brown", "local": "lightgray",
 }
 
 

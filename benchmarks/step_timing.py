@@ -14,6 +14,8 @@ ddp-fp16              torch DDP + ``default_hooks.fp16_compress_hook``
                       ``QAdamOptimizer``, async averages every ``async_interval_ms`` from step 0
 <name>-10MB           the same with ``bucket_size_bytes=10 MiB`` (default: 25 MiB, as torch DDP)
 <name>-bn[-nobuf]     the caller's model with BatchNorm (-nobuf: ``broadcast_buffers=False``)
+onebit_grad           bagua, 1-bit (sign1) gradient allreduce with error feedback, ``warmup_steps=warmup``
+local                 no wrapper, no communication: the step's compute alone
 ====================  ========================================================================
 
 async: its background thread is resumed (``algo.resume(ddp)``) before each of its blocks and
@@ -53,10 +55,11 @@ class Variant:
         device: "cpu" or "cuda".
         init_sync: broadcast rank 0's weights at wrap time (both wrappers' default); False where
             every rank built identical ones (a slow link then does not pay a broadcast per variant).
+        warmup: onebit_grad's exact warm-up steps (the caller's untimed steps).
     """
 
     def __init__(self, name: str, model, optimizer, loss: Callable, async_interval_ms: int = 500,
-                 device: str = "cpu", init_sync: bool = True):
+                 device: str = "cpu", init_sync: bool = True, warmup: int = 1):
         import torch
         from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
@@ -64,12 +67,15 @@ class Variant:
 
         self.name = name
         self.is_torch = name.startswith("ddp")
+        self.is_local = name == "local"
         self.algo = None
         self.opt = optimizer
         self.loss = loss
         self.fused = bagua.optim.is_fused_optimizer(optimizer)
         broadcast_buffers = not name.endswith("-nobuf")
-        if self.is_torch:
+        if self.is_local:
+            self.model = model
+        elif self.is_torch:
             kw = {"device_ids": [torch.cuda.current_device()]} if device == "cuda" else {}
             self.model = TorchDDP(model, bucket_cap_mb=TORCH_BUCKET_MB.get(name, 25),
                                   forward_sync_buffers=broadcast_buffers, init_sync=init_sync, **kw)
@@ -83,6 +89,8 @@ class Variant:
                 algo = bagua.algorithms.QAdamAlgorithm(optimizer)
             elif base == "async":
                 algo = bagua.algorithms.AsyncModelAverageAlgorithm(sync_interval_ms=async_interval_ms, warmup_steps=0)
+            elif base == "onebit_grad":  # its exact warm-up: the untimed steps
+                algo = bagua.algorithms.OneBitGradAlgorithm(warmup_steps=warmup)
             else:
                 algo = bagua.algorithms.Algorithm.init(base)
             self.algo = algo
@@ -96,7 +104,7 @@ class Variant:
     def step(self, batch) -> None:
         self.opt.zero_grad(set_to_none=not self.fused)  # a fused optimizer's gradients stay views
         loss = self.loss(self.model, batch)
-        if not self.is_torch:
+        if not self.is_torch and not self.is_local:
             self.last_step_bytes.append(self.model.bytes_sent_last_step)
         loss.backward()
         self.opt.fuse_step() if self.fused else self.opt.step()
@@ -113,7 +121,7 @@ class Variant:
 
     def close(self) -> None:
         self.end_block()
-        if not self.is_torch:
+        if not self.is_torch and not self.is_local:
             self.model.close()
 
 
@@ -210,7 +218,7 @@ def time_interleaved(variants: Sequence[Variant], batches: Sequence, warmup: int
         rows[v.name] = {
             "step_s": med, "p25_s": p25, "p75_s": p75, "epoch_s": epoch,
             "bagua_sent_per_step": None if v.is_torch else b,
-            "bytes_sent_last_step": None if v.is_torch or last < 0 else last,
+            "bytes_sent_last_step": None if v.is_torch or v.is_local or last < 0 else last,
             "ring_formula_per_step": (2 * (world - 1) / world * v.grad_bytes * (0.5 if v.name == "ddp-fp16" else 1.0))
             if v.is_torch else None,
             "wire_per_step": w if w >= 0 else None,

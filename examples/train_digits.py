@@ -33,7 +33,8 @@ from tqdm import tqdm
 import bagua
 from replicas import average_parameters, parameters_identical_on_all_ranks
 
-ALGORITHMS = ("gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam")
+ALGORITHMS = ("gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam",
+              "onebit_grad")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -135,6 +136,8 @@ def make_algorithm(name: str, optimizer: torch.optim.Optimizer) -> bagua.algorit
         return bagua.algorithms.QAdamAlgorithm(optimizer)
     if name == "async":  # average every 20 ms, after one epoch-ish of synchronous warm-up
         return bagua.algorithms.AsyncModelAverageAlgorithm(sync_interval_ms=20, warmup_steps=20)
+    if name == "onebit_grad":  # exact for qadam's warm-up, then 1 bit
+        return bagua.algorithms.OneBitGradAlgorithm(warmup_steps=50)
     return bagua.algorithms.Algorithm.init(name)
 
 

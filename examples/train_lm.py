@@ -46,7 +46,8 @@ from stdlib_corpus import VOCAB, StdlibDocuments, pad_batch  # noqa: E402
 
 import bagua  # noqa: E402
 
-ALGORITHMS = ("gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam")
+ALGORITHMS = ("gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam",
+              "onebit_grad")
 BASELINE = "torch-ddp"  # torch.nn.parallel.DistributedDataParallel on the same loop, to compare with
 
 
@@ -140,11 +141,15 @@ def schedule(args: argparse.Namespace, opt: torch.optim.Optimizer) -> torch.opti
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-def make_algorithm(name: str, optimizer: torch.optim.Optimizer):
+def make_algorithm(name: str, optimizer: torch.optim.Optimizer, warmup_steps: int):
+    """The algorithm ``name``; qadam and onebit_grad with an exact warm-up of ``warmup_steps``
+    (the learning rate's: the large early gradients stay uncompressed)."""
     if name == "qadam":
         return bagua.algorithms.QAdamAlgorithm(optimizer)
     if name == "async":
         return bagua.algorithms.AsyncModelAverageAlgorithm(sync_interval_ms=50, warmup_steps=20)
+    if name == "onebit_grad":
+        return bagua.algorithms.OneBitGradAlgorithm(warmup_steps=warmup_steps)
     return bagua.algorithms.Algorithm.init(name)
 
 
@@ -189,7 +194,7 @@ def train(args: argparse.Namespace, log=print) -> dict:
     if args.algorithm == BASELINE:
         algorithm, ddp = None, torch.nn.parallel.DistributedDataParallel(model)
     else:
-        algorithm = make_algorithm(args.algorithm, opt)
+        algorithm = make_algorithm(args.algorithm, opt, args.warmup_steps)
         ddp = bagua.DistributedDataParallel(model, optimizers=[opt], algorithm=algorithm)
     params = sum(p.numel() for p in model.parameters())
     log(f"stdlib LM: {len(train_set)} train / {len(val_set)} val documents, {params / 1e6:.2f}M parameters, "

@@ -1,6 +1,6 @@
-"""Shared plumbing of the single-pass optimizer kernels (adam, sgd, lion): the Triton names, launch
-over a flat buffer (full blocks unmasked, the tail masked), the round-to-nearest-even store for
-bfloat16 and the cache-sized chunking of the torch references.
+"""Shared plumbing of the single-pass optimizer kernels (adam, sgd, lion): the Triton names and
+launch helpers (from ``_triton``, at the optimizers' block size), the argument checks, the float32
+loads and the cache-sized chunking of the torch references.
 
 Private to ``bagua.kernels``; see :mod:`bagua.kernels.adam` for the public shape of a kernel.
 """
@@ -11,8 +11,10 @@ from typing import Iterator
 
 import torch
 
-from .._install import install_hint
-from ._triton import HAS_TRITON, TRITON_IMPORT_ERROR, device_guard, tl, triton, triton_interpreting  # noqa: F401
+from . import _triton
+from ._triton import (  # noqa: F401
+    HAS_TRITON, TRITON_IMPORT_ERROR, device_guard, require_triton, store_rne, tl, triton, triton_interpreting,
+)
 
 BLOCK_SIZE = 2048  # elements per program: 16 per thread at 4 warps, 128-bit vector accesses
 NUM_WARPS = 4
@@ -44,27 +46,9 @@ def check_tensors(fn: str, named: dict[str, torch.Tensor | None]) -> int:
     return int(numel or 0)
 
 
-def require_triton(t: torch.Tensor, fn: str) -> None:
-    if triton is None:
-        raise RuntimeError(
-            f"{fn} needs Triton, which is not importable ({TRITON_IMPORT_ERROR}); install the gpu "
-            f"extra ({install_hint('gpu')}) or use the torch reference ({fn.replace('triton', 'reference')})"
-        )
-    if not t.is_cuda and not triton_interpreting():
-        raise ValueError(
-            f"{fn} runs on CUDA tensors (or on CPU under TRITON_INTERPRET=1), got a tensor on "
-            f"{t.device}; call the dispatching function, which sends CPU tensors to the torch reference"
-        )
-
-
 def launches(numel: int, block: int = BLOCK_SIZE) -> Iterator[tuple[int, int, bool]]:
-    """(grid, first element, MASKED): the full blocks unmasked (vectorized whatever numel is),
-    then the partial tail block masked."""
-    nfull, tail = divmod(numel, block)
-    if nfull:
-        yield nfull, 0, False
-    if tail:
-        yield 1, nfull * block, True
+    """``_triton.launches`` at the optimizers' block size."""
+    return _triton.launches(numel, block)
 
 
 def ref_chunks(numel: int, chunk: int | None = None) -> Iterator[slice]:
@@ -89,25 +73,9 @@ def write_back(dst: torch.Tensor, val: torch.Tensor) -> None:
 if triton is not None:
 
     @triton.jit
-    def store_rne(ptrs, x, mask, MASKED: tl.constexpr):
-        """Stores float32 x at ptrs, converting to the pointee type with round to nearest even
-        (Triton's interpreter truncates float32 -> bfloat16; this matches torch on every path)."""
-        if ptrs.dtype.element_ty == tl.bfloat16:
-            bits = x.to(tl.uint32, bitcast=True)
-            bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16
-            bits = tl.where(x != x, 0x7FC0, bits)
-            y = bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-        else:
-            y = x.to(ptrs.dtype.element_ty)
-        if MASKED:
-            tl.store(ptrs, y, mask=mask)
-        else:
-            tl.store(ptrs, y)
-
-    @triton.jit
     def load_f32(ptrs, mask, MASKED: tl.constexpr):
         if MASKED:
             return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
         return tl.load(ptrs).to(tl.float32)
 else:  # pragma: no cover
-    store_rne = load_f32 = None
+    load_f32 = None

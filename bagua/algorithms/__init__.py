@@ -13,10 +13,11 @@ from .bytegrad import ByteGradAlgorithm
 from .decentralized import DecentralizedAlgorithm
 from .gradient_allreduce import GradientAllReduceAlgorithm
 from .low_precision_decentralized import LowPrecisionDecentralizedAlgorithm
+from .onebit_grad import OneBitGradAlgorithm
 from .q_adam import QAdamAlgorithm
 from .tunable import Tunable, powers_of_two
 
 __all__ = [
     "Algorithm", "AlgorithmImpl", "AsyncModelAverageAlgorithm", "ByteGradAlgorithm", "DecentralizedAlgorithm",
-    "GradientAllReduceAlgorithm", "LowPrecisionDecentralizedAlgorithm", "QAdamAlgorithm", "Tunable", "powers_of_two", "registered_names",
+    "GradientAllReduceAlgorithm", "LowPrecisionDecentralizedAlgorithm", "OneBitGradAlgorithm", "QAdamAlgorithm", "Tunable", "powers_of_two", "registered_names",
 ]

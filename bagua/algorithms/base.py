@@ -83,6 +83,9 @@ class AlgorithmImpl:
     #: ``ddp.join()`` can shadow this algorithm's communication for ranks out of data (true of
     #: algorithms whose whole step is the buckets' ops during backward)
     supports_join: ClassVar[bool] = False
+    #: ``state_dict()`` differs from rank to rank (error-feedback residuals), even where the
+    #: replicas are identical: checkpoints keep every rank's
+    state_per_rank: ClassVar[bool] = False
 
     def __init__(self, process_group: BaguaProcessGroup):
         self.process_group = process_group

@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import Optional
 
 from ..comm import (
-    BaguaProcessGroup, Bucket, NodeGroups, ReduceOp, compressed_allreduce, get_default_group, new_node_groups,
+    BaguaProcessGroup, Bucket, ErrorFeedback, Handle, NodeGroups, ReduceOp, allreduce, compressed_allreduce,
+    get_default_group, new_node_groups,
 )
 from ..comm.compressed import SEGMENT_ELEMS
 from ..comm.hierarchical import hierarchical_allreduce
@@ -27,6 +28,34 @@ from .tunable import Tunable, powers_of_two
 SEGMENT_SIZES = powers_of_two(1 << 16, 1 << 22)
 
 
+def allreduce_bucket(bucket: Bucket, process_group: BaguaProcessGroup, op: ReduceOp,
+                     node_groups: Optional[NodeGroups] = None, compression: Optional[str] = None,
+                     segment_elems: int = SEGMENT_ELEMS, error_feedback: Optional[ErrorFeedback] = None,
+                     ) -> Optional[Handle]:
+    """Allreduce ``bucket``'s flat buffer now: flat, or hierarchical over ``node_groups``; exact
+    (returns the collective's handle) or compressed (with ``error_feedback``'s residuals, if
+    given). A compressed one quantizes each tensor of the bucket on its own blocks, so neither the
+    bucket's other tensors nor ``segment_elems`` (the pipelining of the compressed allreduce)
+    change its result.
+
+    NaN and Inf come out on every rank, compressed or not (as an exact allreduce gives them), so
+    that a loss scaler (``torch.amp.GradScaler``) sees an overflow on any rank and skips the step
+    on all of them.
+
+    Example::
+
+        bucket.append_op(lambda b: allreduce_bucket(b, group, ReduceOp.AVG, compression="minmax_uint8"))
+    """
+    if node_groups is not None:
+        return hierarchical_allreduce(bucket.flat, op=op, compression=compression, groups=node_groups,
+                                      nonfinite="propagate", starts=bucket.offsets, segment_elems=segment_elems,
+                                      error_feedback=error_feedback)
+    if compression is not None:
+        return compressed_allreduce(bucket.flat, op=op, codec=compression, group=process_group, nonfinite="propagate",
+                                    starts=bucket.offsets, segment_elems=segment_elems, error_feedback=error_feedback)
+    return allreduce(bucket.flat, op=op, group=process_group, async_op=True)
+
+
 def append_gradient_allreduce(
     bucket: Bucket,
     process_group: BaguaProcessGroup,
@@ -35,27 +64,15 @@ def append_gradient_allreduce(
     compression: Optional[str] = None,
     segment_elems: int = SEGMENT_ELEMS,
 ) -> None:
-    """Append to ``bucket`` an allreduce of its flat buffer: flat, or hierarchical over
-    ``node_groups``; exact or compressed. A compressed one quantizes each tensor of the bucket
-    on its own blocks, so neither the bucket's other tensors nor ``segment_elems`` (the
-    pipelining of the compressed allreduce) change its result.
-
-    NaN and Inf come out on every rank, compressed or not (as an exact allreduce gives them), so
-    that a loss scaler (``torch.amp.GradScaler``) sees an overflow on any rank and skips the step
-    on all of them."""
+    """Append to ``bucket`` an ``allreduce_bucket`` of its flat buffer, averaged or summed (an
+    exact flat one as the bucket's own allreduce, which the engine launches without a hand-off)."""
     op = ReduceOp.AVG if average else ReduceOp.SUM
-    if node_groups is not None:
-        bucket.append_op(lambda b: hierarchical_allreduce(b.flat, op=op, compression=compression, groups=node_groups,
-                                                          nonfinite="propagate", starts=b.offsets,
-                                                          segment_elems=segment_elems),
-                         f"hierarchical_allreduce[{compression or 'exact'}]")
-    elif compression is not None:
-        bucket.append_op(lambda b: compressed_allreduce(b.flat, op=op, codec=compression, group=process_group,
-                                                        nonfinite="propagate", starts=b.offsets,
-                                                        segment_elems=segment_elems),
-                         f"allreduce[{compression}]")
-    else:
+    if node_groups is None and compression is None:
         bucket.append_allreduce(op=op, group=process_group)
+        return
+    kind = "hierarchical_allreduce" if node_groups is not None else "allreduce"
+    bucket.append_op(lambda b: allreduce_bucket(b, process_group, op, node_groups, compression, segment_elems),
+                     f"{kind}[{compression or 'exact'}]")
 
 
 def hierarchical_node_groups(process_group: BaguaProcessGroup) -> NodeGroups:

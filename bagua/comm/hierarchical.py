@@ -21,6 +21,7 @@ from .checks import describe
 from .collectives import ReduceOp, allreduce, as_reduce_op, broadcast, reduce
 from .compressed import SEGMENT_ELEMS, check_nonfinite_choice, compressed_allreduce, raise_if_nonfinite
 from .compression import Codec, get_codec
+from .error_feedback import ErrorFeedback
 from .process_group import NodeGroups, get_inter_node_group, get_intra_node_group, get_local_rank
 
 
@@ -32,6 +33,7 @@ def hierarchical_allreduce(
     groups: Optional[NodeGroups] = None,
     starts: Sequence[int] = (),
     segment_elems: int = SEGMENT_ELEMS,
+    error_feedback: Optional[ErrorFeedback] = None,
 ) -> None:
     """Allreduce ``tensor`` in place over all ranks in three steps (SUM or AVG).
 
@@ -46,6 +48,8 @@ def hierarchical_allreduce(
             ``bagua.comm.new_node_groups()`` makes private ones).
         starts, segment_elems: how the compressed step cuts its codec blocks and segments (see
             ``compressed_allreduce``).
+        error_feedback: the compressed step's residuals (see ``compressed_allreduce``); only node
+            leaders use theirs.
     """
     op = as_reduce_op(op)
     if op not in (ReduceOp.SUM, ReduceOp.AVG):
@@ -61,7 +65,7 @@ def hierarchical_allreduce(
             allreduce(tensor, op=op, group=inter)
         else:  # non-finite values reach every rank first: the leaders alone raising would hang the others
             compressed_allreduce(tensor, op=op, codec=compression, group=inter, nonfinite="propagate",
-                                 starts=starts, segment_elems=segment_elems)
+                                 starts=starts, segment_elems=segment_elems, error_feedback=error_feedback)
         if op == ReduceOp.AVG and intra.size > 1:
             tensor.div_(intra.size)
     broadcast(tensor, src=leader, group=intra)

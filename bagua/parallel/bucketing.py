@@ -112,8 +112,14 @@ def _rebuild(ddp: "DistributedDataParallel", bucket_size_bytes: int) -> None:
             bucket, names = old[key]
             for name, start, numel in zip(names, bucket.offsets, bucket.numels):
                 pieces[name] = flat[start:start + numel]
-        return {id(b): torch.cat([pieces[name] for name in names])
-                for b, names in zip(ddp.buckets, ddp._bucket_names) if all(name in pieces for name in names)}
+        carried = {}
+        for b, names in zip(ddp.buckets, ddp._bucket_names):
+            if all(name in pieces for name in names):  # each at its offset: a fused optimizer's
+                flat = pieces[names[0]].new_empty(sum(b.numels))  # buffer may order them otherwise
+                for name, start, numel in zip(names, b.offsets, b.numels):
+                    flat[start:start + numel] = pieces[name]
+                carried[id(b)] = flat
+        return carried
 
     for bucket, _ in old.values():
         bucket.release()

@@ -21,7 +21,8 @@ from tests.harness import run_ranks
 from tests.payloads import RunsCodeWhenUnpickled
 from tests.parallel.models import flat_params, make_model, rank_batches, train
 
-ALGORITHMS = ["gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam"]
+ALGORITHMS = ["gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam",
+              "onebit_grad"]
 
 
 def _wrapped(rank: int, algorithm: str, fused: bool, seed: int):
@@ -35,6 +36,7 @@ def _wrapped(rank: int, algorithm: str, fused: bool, seed: int):
     algo = {
         "qadam": lambda: bagua.algorithms.QAdamAlgorithm(opt),
         "async": lambda: bagua.algorithms.AsyncModelAverageAlgorithm(sync_interval_ms=1, warmup_steps=2),
+        "onebit_grad": lambda: bagua.algorithms.OneBitGradAlgorithm(warmup_steps=1),  # residuals of 2 steps saved
     }.get(algorithm, lambda: algorithm)()
     scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
     return bagua.DistributedDataParallel(model, [opt], algorithm=algo), opt, scheduler

@@ -116,7 +116,7 @@ def test_get_codec():
     assert get_codec("MinMax_UInt8") == MinMaxUInt8(1024)
     mine = MinMaxUInt8(block_size=256)
     assert get_codec(mine) is mine
-    assert CODEC_NAMES == ("fp16", "bf16", "minmax_uint8")
+    assert CODEC_NAMES == ("fp16", "bf16", "minmax_uint8", "sign1")
     with pytest.raises(ValueError, match="fp16, bf16, minmax_uint8"):
         get_codec("int4")
     with pytest.raises(TypeError, match="Codec"):

@@ -1,16 +1,8 @@
 """Helpers shared by the optimizer-kernel tests (adam, sgd, lion)."""
 
-import pytest
 import torch
 
-from bagua.kernels import _optim_common as _c
-
-HAS_CUDA = torch.cuda.is_available()
-KERNEL_DEVICE = "cuda" if HAS_CUDA else "cpu"
-needs_triton = pytest.mark.skipif(
-    not _c.HAS_TRITON or (not HAS_CUDA and not _c.triton_interpreting()),
-    reason="needs triton, with CUDA or TRITON_INTERPRET=1",
-)
+from ._device import HAS_CUDA, KERNEL_DEVICE, needs_triton  # noqa: F401
 # sizes: below one block, one block plus a tail, several blocks (full-block and tail launches)
 NUMELS = [5, 2049, 3 * 2048 + 17]
 

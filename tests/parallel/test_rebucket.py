@@ -12,7 +12,7 @@ from tests.parallel.models import flat_params, make_model, rank_batches
 STEPS = 9
 SMALL = 200  # bytes: the test model's tensors in several buckets
 SCHEDULE = {3: 1 << 20, 6: 64}  # before step 3: one bucket; before step 6: a bucket per tensor
-QADAM_WARMUP = 4  # the rebucket before step 3 is in QAdam's warm-up, the one before step 6 after it
+QADAM_WARMUP = 4  # the rebucket before step 3 is in QAdam's (onebit_grad's) warm-up, the one before step 6 after it
 
 
 def _optimizer(model, algorithm: str, fused: bool):
@@ -26,7 +26,8 @@ def _optimizer(model, algorithm: str, fused: bool):
 def _train(rank: int, algorithm: str, fused: bool, schedule: dict, accumulate: bool) -> dict:
     model = make_model(seed=rank)
     opt = _optimizer(model, algorithm, fused)
-    algo = bagua.algorithms.QAdamAlgorithm(opt) if algorithm == "qadam" else algorithm
+    algo = {"qadam": lambda: bagua.algorithms.QAdamAlgorithm(opt),  # warm-ups end between the two rebuckets
+            "onebit_grad": lambda: bagua.algorithms.OneBitGradAlgorithm(warmup_steps=QADAM_WARMUP)}.get(algorithm, lambda: algorithm)()
     ddp = bagua.DistributedDataParallel(model, [opt], algo, bucket_size_bytes=SMALL)
     buckets = []
     batches = rank_batches(rank, 2 * STEPS)
@@ -47,7 +48,7 @@ def _train(rank: int, algorithm: str, fused: bool, schedule: dict, accumulate: b
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused"])
-@pytest.mark.parametrize("algorithm", ["gradient_allreduce", "bytegrad", "decentralized", "qadam"])
+@pytest.mark.parametrize("algorithm", ["gradient_allreduce", "bytegrad", "decentralized", "qadam", "onebit_grad"])
 def test_rebucketing_mid_training_changes_no_weight_and_no_optimizer_state(algorithm, fused):
     accumulate = algorithm == "gradient_allreduce"
     changed = run_ranks(_train, 2, algorithm, fused, SCHEDULE, accumulate)
