@@ -66,15 +66,45 @@ class MomentumCommunicator(Protocol):
     """What ``QAdamOptimizer.step`` calls after warm-up when set as ``momentum_communicator``
     (``QAdamAlgorithm`` installs one). Every rank calls the methods in the same order."""
 
-    def any_rank(self, flag: bool) -> bool:
-        """Whether ``flag`` is true on any rank (a skipped step must be skipped everywhere)."""
+    def begin_step(self, found_inf: Optional[bool], scaled: bool) -> bool:
+        """Begin a step on every rank alike; whether every rank skips it. ``found_inf``: whether
+        this rank's gradients overflowed (a ``GradScaler`` step; None without one): a step is
+        skipped everywhere when it overflowed anywhere. ``scaled``: the gradients still carry the
+        loss scale, which this step divides out."""
 
     def covers(self, p: torch.Tensor) -> bool:
         """Whether ``p``'s momentum is averaged: then ``p`` steps on every rank, a gradient that
         is None on this rank (a parameter unused here this step) counting as zero."""
 
+    def averaged_already(self, p: torch.Tensor) -> bool:
+        """Whether ``p``'s momentum of this step is averaged already (computed during backward
+        from the gradient ``p`` has now): the step leaves it to ``average_momentum``."""
+
     def average_momentum(self) -> None:
-        """Replace every parameter's ``exp_avg`` by its average over the ranks, in place."""
+        """Replace every covered parameter's ``exp_avg`` by its average over the ranks, in place."""
+
+
+def decayed_gradient(p: torch.Tensor, group: dict) -> torch.Tensor:
+    """The gradient a step applies to ``p``: ``p.grad`` (zeros when None) plus the group's L2
+    weight decay ``wd·p``.
+
+    Example::
+
+        g = decayed_gradient(p, opt.param_groups[0])
+    """
+    g = torch.zeros_like(p) if p.grad is None else p.grad
+    return g.add(p, alpha=group["weight_decay"]) if group["weight_decay"] else g
+
+
+def new_momentum(m: torch.Tensor, g: torch.Tensor, beta1: float, out: torch.Tensor) -> torch.Tensor:
+    """``out ← β1·m + (1−β1)·g`` (``out`` may be ``m``): the one expression of the momentum
+    update, so that a momentum computed ahead (``QAdamAlgorithm``'s overlap) has the step's bits.
+
+    Example::
+
+        new_momentum(m, g, 0.9, out=m)     # in place, as a step does
+    """
+    return torch.mul(m, beta1, out=out).add_(g, alpha=1 - beta1)
 
 
 class QAdamOptimizer(torch.optim.Optimizer):
@@ -195,12 +225,12 @@ class QAdamOptimizer(torch.optim.Optimizer):
         warmup = self.in_warmup
         communicator = None if warmup else self.momentum_communicator
         found_inf = getattr(self, "found_inf", None)  # set by GradScaler.step for this call
-        if found_inf is not None:
-            skip = bool(found_inf.item())
-            if communicator is not None:  # in warm-up the averaged gradients overflowed on all ranks alike
-                skip = communicator.any_rank(skip)
-            if skip:
-                return loss
+        grad_scale = getattr(self, "grad_scale", None)
+        skip = found_inf is not None and bool(found_inf.item())
+        if communicator is not None:  # in warm-up the averaged gradients overflowed on all ranks alike
+            skip = communicator.begin_step(None if found_inf is None else skip, scaled=grad_scale is not None)
+        if skip:
+            return loss
         params = [
             (p, group) for group in self.param_groups for p in group["params"]
             if p.grad is not None or (communicator is not None and communicator.covers(p))
@@ -208,19 +238,18 @@ class QAdamOptimizer(torch.optim.Optimizer):
         grads = [p.grad for p, _ in params if p.grad is not None]
         if any(g.is_sparse for g in grads):
             raise RuntimeError("QAdamOptimizer does not support sparse gradients")
-        grad_scale = getattr(self, "grad_scale", None)
         if grad_scale is not None and grads:
             inv_scale = float(grad_scale.double().reciprocal().float())  # as GradScaler.unscale_
             torch._foreach_mul_(grads, inv_scale)
         self.step_count += 1
         t = self.step_count
         for p, group in params:
-            beta1, beta2 = group["betas"]
-            g = torch.zeros_like(p) if p.grad is None else p.grad
-            if group["weight_decay"]:
-                g = g.add(p, alpha=group["weight_decay"])
-            self.state[p]["exp_avg"].mul_(beta1).add_(g, alpha=1 - beta1)
+            if communicator is not None and communicator.averaged_already(p):
+                continue
+            g = decayed_gradient(p, group)
+            new_momentum(self.state[p]["exp_avg"], g, group["betas"][0], out=self.state[p]["exp_avg"])
             if warmup:
+                beta2 = group["betas"][1]
                 self.state[p]["exp_avg_sq"].mul_(beta2).addcmul_(g, g, value=1 - beta2)
         if communicator is not None:
             communicator.average_momentum()
@@ -252,4 +281,4 @@ def _freeze_variance(optimizer: QAdamOptimizer, args: tuple, kwargs: dict) -> No
         v.clamp_(min=VARIANCE_FLOOR * mean).masked_fill_(unknown, mean)
 
 
-__all__ = ["MomentumCommunicator", "QAdamOptimizer"]
+__all__ = ["MomentumCommunicator", "QAdamOptimizer", "decayed_gradient", "new_momentum"]

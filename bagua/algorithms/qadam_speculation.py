@@ -1,0 +1,249 @@
+"""qadam's momentum averaged while backward runs: speculatively, with the bits of the exact path.
+
+After warm-up ``QAdamOptimizer.step`` averages ``m / (sqrt(v̂) + eps)`` over the ranks, ``m`` being
+the momentum updated from the gradient the optimizer sees. That gradient usually is the one
+backward produced, but the loop may change it before the step (clipping, GradScaler's
+unscaling, a further backward, a manual edit). So when a bucket's gradients are ready, the
+momentum of its parameters is computed from them there, and its 8-bit allreduce launched while
+the rest of backward runs: a speculation. At ``step()`` each rank checks that what the
+speculation read is still what the step would read; the ranks agree (one small allreduce); on
+a hit the averaged momentum is taken as it is, on a miss anywhere it is discarded and the step
+averages from the final gradients, as without overlap. Both ways fill the same buffers, one per
+wrapper bucket (``MomentumBucket``), with the same arithmetic (``bagua.optim.qadam.new_momentum``),
+each tensor on its own codec blocks, so they give the same bits.
+
+The check, per parameter:
+
+* its gradient, bit for bit, against a copy taken when the speculation read it (None against
+  None). Bits see every way a gradient changes: clipping that clipped (``clip_grad_norm_``
+  multiplies by 1.0 when it clips nothing, which changes no bit and is a hit),
+  ``GradScaler.unscale_`` (whose kernel bumps no version counter), writes through
+  ``p.grad.data`` (a counter of their own), NumPy or DLPack views, communication into it,
+  another backward, ``zero_grad``;
+* its ``exp_avg`` and ``exp_avg_sq`` (the same objects, version counters unchanged), the
+  parameter itself where weight decay reads it (version counter), and its group's betas, eps,
+  weight decay and the warm-up length (values): torch's writers of these (``load_state_dict`` of
+  the module or the optimizer, ``fuse_optimizer``'s loads, optimizer steps) replace them or bump
+  their counters.
+
+A step under a ``GradScaler`` whose gradients are still scaled (``scaler.step`` without
+``unscale_``) misses: the speculation read the scaled ones. What the check cannot see: a write
+into a parameter (with weight decay) or into ``exp_avg``/``exp_avg_sq`` between backward and
+``step()`` that bumps no version counter (through ``.data``, NumPy, DLPack or a custom kernel);
+use ``QAdamAlgorithm(opt, overlap=False)`` for a loop that does that.
+
+Speculating costs a copy of the gradients during backward and their comparison at the step. A
+miss wastes the speculation's traffic, so after a miss speculation pauses 1 step, then 2, 4, ...
+up to ``MAX_PAUSE`` while it keeps missing (a loop that clips every step probes now and then)
+and resumes on a hit. The logger ``bagua.algorithms.qadam_speculation`` logs each step's
+outcome and the hit rate at DEBUG.
+
+Example::
+
+    model = bagua.DistributedDataParallel(model, [opt], bagua.algorithms.QAdamAlgorithm(opt))
+    ...                                   # the usual loop
+    print(model.impl.speculation.stats)   # SpeculationStats(hits=98, misses=0, paused=0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Optional
+
+import torch
+
+from ..comm import Bucket
+from ..comm.compressed import raise_if_nonfinite
+from ..optim.qadam import QAdamOptimizer, decayed_gradient, new_momentum
+
+logger = logging.getLogger(__name__)
+
+#: the longest pause of speculation after consecutive misses, in steps
+MAX_PAUSE = 64
+_SAME_SIZE_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class MomentumBucket:
+    """The momenta of one wrapper bucket's parameters as the ranks average them: each
+    ``m / (sqrt(v̂) + eps)`` in ``bucket.flat`` (a ``Bucket`` of the same layout, to which the
+    caller appends the allreduce), then ``m`` back from the average.
+
+    Args:
+        optimizer: the ``QAdamOptimizer`` whose state holds the momenta.
+        members: the bucket's parameters with their param groups, in bucket order.
+        name: for errors and logs.
+
+    Example::
+
+        mb = MomentumBucket(opt, [(p, group) for p in params], "bucket0")
+        mb.bucket.append_allreduce(compression="minmax_uint8")
+        mb.fill(); mb.bucket.run_ops(); mb.write_back()      # what a step does after warm-up
+    """
+
+    def __init__(self, optimizer: QAdamOptimizer, members: list[tuple[torch.Tensor, dict]], name: str):
+        self.optimizer, self.members, self.name = optimizer, members, name
+        flat = torch.empty(sum(p.numel() for p, _ in members), dtype=members[0][0].dtype, device=members[0][0].device)
+        views, offset = [], 0
+        for p, _ in members:
+            views.append(flat[offset:offset + p.numel()].view(p.shape))
+            offset += p.numel()
+        self.bucket = Bucket(views, name=f"qadam-momentum[{name}]")  # adopts flat: no copy
+        self._grad_copies: Optional[torch.Tensor] = None  # allocated by the first speculation
+
+    @torch.no_grad()
+    def fill(self) -> None:
+        """Each ratio from the momentum as the step left it."""
+        state = self.optimizer.state
+        for (p, group), view in zip(self.members, self.bucket.views):
+            torch.div(state[p]["exp_avg"], self.optimizer.denominator(p, group), out=view)
+
+    @torch.no_grad()
+    def fill_ahead(self) -> list["_Inputs"]:
+        """Each ratio from the momentum a step would make from the gradient as it is now;
+        returns what each was made from (the gradients' bits copied aside)."""
+        if self._grad_copies is None:
+            self._grad_copies = torch.empty_like(self.bucket.flat)
+        opt, inputs = self.optimizer, []
+        for (p, group), view, start in zip(self.members, self.bucket.views, self.bucket.offsets):
+            grad, state = p.grad, opt.state[p]
+            copy = None
+            if grad is not None and grad.shape == p.shape:
+                copy = self._grad_copies[start:start + p.numel()].view(p.shape).copy_(grad)
+            inputs.append(_Inputs(p, group, opt, copy, usable=grad is None or copy is not None))
+            new_momentum(state["exp_avg"], decayed_gradient(p, group), group["betas"][0], out=view)
+            view.div_(opt.denominator(p, group))
+        return inputs
+
+    @torch.no_grad()
+    def write_back(self) -> None:
+        """Each momentum from its averaged ratio; raises as the exact path does when it is not finite."""
+        raise_if_nonfinite(f"qadam's momentum allreduce ({self.name})", self.bucket.flat)
+        state = self.optimizer.state
+        for (p, group), view in zip(self.members, self.bucket.views):
+            torch.mul(view, self.optimizer.denominator(p, group), out=state[p]["exp_avg"])
+
+
+class _Inputs:
+    """What one parameter's speculated momentum was made from."""
+
+    __slots__ = ("grad_copy", "usable", "param_version", "exp_avg", "exp_avg_version", "exp_avg_sq",
+                 "exp_avg_sq_version", "settings")
+
+    def __init__(self, p: torch.Tensor, group: dict, opt: QAdamOptimizer, grad_copy: Optional[torch.Tensor], usable: bool):
+        state = opt.state[p]
+        self.grad_copy, self.usable, self.param_version = grad_copy, usable, p._version
+        self.exp_avg, self.exp_avg_version = state["exp_avg"], state["exp_avg"]._version
+        self.exp_avg_sq, self.exp_avg_sq_version = state["exp_avg_sq"], state["exp_avg_sq"]._version
+        self.settings = _settings(group, opt)
+
+    def unchanged(self, p: torch.Tensor, group: dict, opt: QAdamOptimizer) -> bool:
+        """Whether a step now would make ``p``'s momentum from these very inputs."""
+        state = opt.state[p]
+        m, v = state.get("exp_avg"), state.get("exp_avg_sq")
+        if not self.usable or m is not self.exp_avg or v is not self.exp_avg_sq:
+            return False
+        if m._version != self.exp_avg_version or v._version != self.exp_avg_sq_version:
+            return False
+        if _settings(group, opt) != self.settings or (group["weight_decay"] and p._version != self.param_version):
+            return False
+        return _same_bits(p.grad, self.grad_copy)
+
+
+def _settings(group: dict, opt: QAdamOptimizer) -> tuple:
+    return tuple(group["betas"]), group["eps"], group["weight_decay"], opt.warmup_steps
+
+
+def _same_bits(grad: Optional[torch.Tensor], copy: Optional[torch.Tensor]) -> bool:
+    if grad is None or copy is None:
+        return grad is None and copy is None
+    if grad.shape != copy.shape or grad.dtype != copy.dtype or grad.device != copy.device:
+        return False
+    as_int = _SAME_SIZE_INT[grad.element_size()]
+    return torch.equal(grad.view(as_int), copy.view(as_int))
+
+
+@dataclasses.dataclass
+class SpeculationStats:
+    """Steps after warm-up whose momentum was speculated and taken (``hits``), speculated and
+    discarded (``misses``: a step skipped under a GradScaler counts too), or not speculated
+    during a pause after misses (``paused``)."""
+
+    hits: int = 0
+    misses: int = 0
+    paused: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """hits / (hits + misses); 0 before the first speculation."""
+        return self.hits / max(1, self.hits + self.misses)
+
+
+class Speculation:
+    """One wrapper's speculations: what each bucket's momentum was made from, the check at
+    ``step()``, and when to speculate (``active``). Every rank holds the same ``active``.
+
+    Args:
+        enabled: speculate at all (``QAdamAlgorithm``'s ``overlap``).
+
+    Example::
+
+        spec = Speculation(enabled=True)
+        spec.speculate(momentum_bucket)                   # a bucket's op, in backward
+        hit = spec.holds(momentum_buckets, scaled=False)  # at step(), then agreed across ranks
+        spec.conclude(speculated=True, hit=agreed)
+    """
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.stats = SpeculationStats()
+        self._inputs: dict[int, list[_Inputs]] = {}  # by id of the MomentumBucket
+        self._pause, self._backoff = 0, 1
+
+    @property
+    def active(self) -> bool:
+        """Whether the momentum of the coming step is speculated (its backward launches it)."""
+        return self.enabled and self._pause == 0
+
+    def speculate(self, mb: MomentumBucket) -> None:
+        """Fill ``mb``'s ratios from the gradients as they are, remembering from what."""
+        self._inputs[id(mb)] = mb.fill_ahead()
+
+    def forget(self) -> None:
+        """Drop every speculation (the buckets or the weights changed)."""
+        self._inputs.clear()
+
+    def holds(self, buckets: list[MomentumBucket], scaled: bool) -> bool:
+        """This rank's verdict: every bucket was speculated and from what the step would use now.
+        The speculations are consumed."""
+        inputs, self._inputs = self._inputs, {}
+        if scaled or any(id(mb) not in inputs for mb in buckets):
+            return False
+        return all(
+            record.unchanged(p, group, mb.optimizer)
+            for mb in buckets
+            for (p, group), record in zip(mb.members, inputs[id(mb)])
+        )
+
+    def conclude(self, speculated: bool, hit: bool) -> None:
+        """Count a step after warm-up (``hit``: every rank's speculation held) and decide whether
+        the next one speculates."""
+        if not speculated:
+            if self.enabled:
+                self._pause -= 1
+                self.stats.paused += 1
+            return
+        if hit:
+            self.stats.hits += 1
+            self._backoff = 1
+        else:
+            self.stats.misses += 1
+            self._pause, self._backoff = self._backoff, min(2 * self._backoff, MAX_PAUSE)
+        if logger.isEnabledFor(logging.DEBUG):
+            s = self.stats
+            logger.debug("qadam speculation %s; hit rate %.0f%% (%d hits, %d misses, %d steps paused)%s",
+                         "hit" if hit else "missed", 100 * s.hit_rate, s.hits, s.misses, s.paused,
+                         "" if hit else f"; pausing {self._pause} step(s)")
+
+
+__all__ = ["MAX_PAUSE", "MomentumBucket", "Speculation", "SpeculationStats"]
