@@ -162,6 +162,7 @@ class QAdamOptimizer(torch.optim.Optimizer):
         # hook, because fuse_step runs step() on flat runs spanning many tensors (a per-tensor mean
         # cannot be taken there) and the hooks around it, on the parameters themselves.
         self._freeze_pending = False
+        self._frozen = _FrozenDenominators()
         self.register_step_post_hook(_freeze_variance)
 
     # --- pickling / checkpoints ---------------------------------------------------------------
@@ -191,6 +192,7 @@ class QAdamOptimizer(torch.optim.Optimizer):
         super().load_state_dict({k: v for k, v in state_dict.items() if k != "step_count"})
         self.step_count = int(step_count)
         self._freeze_pending = False  # a state saved after the last warm-up step is already floored
+        self._frozen.clear()
 
     # --- the update ---------------------------------------------------------------------------
     @property
@@ -200,9 +202,12 @@ class QAdamOptimizer(torch.optim.Optimizer):
 
     def denominator(self, p: torch.Tensor, group: dict, t: Optional[int] = None) -> torch.Tensor:
         """``sqrt(v / (1 - beta2^t)) + eps`` for ``p``; without ``t``, the frozen denominator
-        of every step after warm-up (``t = warmup_steps``, v floored when it froze)."""
-        t = self.warmup_steps if t is None else t
-        return (self.state[p]["exp_avg_sq"] / (1 - group["betas"][1] ** t)).sqrt_().add_(group["eps"])
+        of every step after warm-up (``t = warmup_steps``, v floored when it froze), computed
+        once and kept (read it, never write it)."""
+        beta2, eps = group["betas"][1], group["eps"]
+        if t is None:
+            return self._frozen.get(self.state[p]["exp_avg_sq"], beta2, eps, self.warmup_steps)
+        return (self.state[p]["exp_avg_sq"] / (1 - beta2 ** t)).sqrt_().add_(eps)
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
@@ -279,6 +284,31 @@ def _freeze_variance(optimizer: QAdamOptimizer, args: tuple, kwargs: dict) -> No
         mean = v.sum() / n if n else fallback
         unknown = v == 0
         v.clamp_(min=VARIANCE_FLOOR * mean).masked_fill_(unknown, mean)
+    optimizer._frozen.clear()
+
+
+class _FrozenDenominators:
+    """The frozen denominators ``sqrt(v / (1 - beta2^T)) + eps`` after warm-up, computed once per
+    storage of ``exp_avg_sq`` tensors (a parameter's own, or a fused optimizer's flat buffer, whose
+    runs and parameters then share it) instead of four passes over v each time a step needs them.
+    An entry is kept while beta2, eps and T are, and the version counter of the tensor it was
+    computed for; the optimizer clears them where it writes v (the freeze, ``load_state_dict``)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple] = {}  # storage address -> (v, its version, settings, denominators)
+
+    def get(self, v: torch.Tensor, beta2: float, eps: float, t: int) -> torch.Tensor:
+        storage = v.untyped_storage()
+        settings = (beta2, eps, t, v.dtype, storage.nbytes())
+        entry = self._entries.get(storage.data_ptr())
+        if entry is None or entry[2] != settings or entry[0]._version != entry[1]:
+            whole = v.new_empty(0).set_(storage, 0, (storage.nbytes() // v.element_size(),))
+            entry = (v, v._version, settings, (whole / (1 - beta2 ** t)).sqrt_().add_(eps))
+            self._entries[storage.data_ptr()] = entry
+        return entry[3].as_strided(v.shape, v.stride(), v.storage_offset())
+
+    def clear(self) -> None:
+        self._entries.clear()
 
 
 __all__ = ["MomentumCommunicator", "QAdamOptimizer", "decayed_gradient", "new_momentum"]
