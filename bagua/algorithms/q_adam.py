@@ -33,9 +33,10 @@ from typing import Optional
 
 import torch
 
-from ..comm import BaguaProcessGroup, Bucket, ReduceOp, allreduce
+from ..comm import BaguaProcessGroup, Bucket, Handle, ReduceOp, allreduce, compressed_allreduce
 from ..comm.checks import trusted
 from ..comm.compressed import SEGMENT_ELEMS
+from ..comm.hierarchical import hierarchical_allreduce
 from ..optim.qadam import QAdamOptimizer
 from .base import Algorithm, AlgorithmImpl
 from .gradient_allreduce import SEGMENT_SIZES, append_gradient_allreduce, hierarchical_node_groups
@@ -63,6 +64,7 @@ class QAdamImpl(AlgorithmImpl):
         self._covers_all = False  # every parameter of the optimizer is
         self._ops_in_warmup: Optional[bool] = None  # which ops the buckets carry
         self._averaged = False  # this step's momentum came averaged from backward
+        self._in_flight: Optional[Handle] = None  # the last bucket's momentum allreduce
         optimizer.momentum_communicator = self  # the wrapper built last wins; close() detaches it
 
     # --- the wrapper's hooks ------------------------------------------------------------------
@@ -80,19 +82,36 @@ class QAdamImpl(AlgorithmImpl):
     def init_operations(self, ddp, bucket: Bucket) -> None:
         params = [ddp.for_algorithms.parameter(name) for name in ddp.for_algorithms.names_in(bucket)]
         momentum = MomentumBucket(self.optimizer, [(p, self._groups[id(p)]) for p in params], bucket.name)
-        append_gradient_allreduce(momentum.bucket, self.process_group, average=True, node_groups=self.node_groups,
-                                  compression=COMPRESSION, segment_elems=self.segment_elems)
         self._momentum[id(bucket)] = momentum
         self.speculation.forget()
         self._ops_in_warmup = self.optimizer.in_warmup
         if self._ops_in_warmup:
             append_gradient_allreduce(bucket, self.process_group, average=True, node_groups=self.node_groups)
         else:
-            bucket.append_op(lambda _: self._speculate(momentum), f"speculated_momentum_allreduce[{COMPRESSION}]")
+            bucket.append_op(lambda _: self._average(momentum, ahead=True), f"speculated_momentum_allreduce[{COMPRESSION}]")
 
-    def _speculate(self, momentum: MomentumBucket) -> None:
-        self.speculation.speculate(momentum)
-        momentum.bucket.run_ops()
+    def _average(self, momentum: MomentumBucket, ahead: bool) -> Optional[Handle]:
+        """Fill ``momentum``'s ratios (``ahead``: from the gradients as they are, speculating) and
+        launch their allreduce once the previous bucket's has finished: one in flight at a time,
+        the next bucket filled while it travels."""
+        if ahead:
+            self.speculation.speculate(momentum)
+        else:
+            momentum.fill()
+        self._finish_in_flight()
+        if self.node_groups is not None:
+            hierarchical_allreduce(momentum.flat, op=ReduceOp.AVG, compression=COMPRESSION, nonfinite="propagate",
+                                   groups=self.node_groups, starts=momentum.starts, segment_elems=self.segment_elems)
+            self._in_flight = None
+        else:
+            self._in_flight = compressed_allreduce(momentum.flat, op=ReduceOp.AVG, codec=COMPRESSION,
+                                                   group=self.process_group, async_op=True, nonfinite="propagate",
+                                                   starts=momentum.starts, segment_elems=self.segment_elems)
+        return self._in_flight
+
+    def _finish_in_flight(self) -> None:
+        if self._in_flight is not None:
+            self._in_flight.wait()  # a no-op when the engine has waited for it already
 
     def _follow_phase(self, ddp) -> None:
         """Between steps: give the buckets the ops of the optimizer's phase (warm-up or not)."""
@@ -157,8 +176,8 @@ class QAdamImpl(AlgorithmImpl):
         if not self._averaged:
             with trusted():  # the buckets' layout was checked across ranks when the wrapper built them
                 for momentum in buckets:
-                    momentum.fill()
-                    momentum.bucket.run_ops()
+                    self._average(momentum, ahead=False)
+                self._finish_in_flight()
         for momentum in buckets:
             momentum.write_back()
 
