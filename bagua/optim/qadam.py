@@ -21,7 +21,10 @@ When the variance freezes (right after the last warm-up step) each tensor's v is
   did within 5 steps).
 
 Each step then divides by sqrt(v̂) of a floored v, so no coordinate's update can blow up the
-8-bit rounding noise of the momentum averaging (which is done on m / (sqrt(v̂) + eps)).
+8-bit rounding noise of the momentum averaging (which is done on m / (sqrt(v̂) + eps)). That
+frozen denominator is computed once and kept: ``load_state_dict`` and in-place writes through
+``state[p]["exp_avg_sq"]`` (of an unfused optimizer: they bump its version counter) recompute it,
+a write through ``.data`` does not.
 
 Deviations from the QAdam / 1-bit Adam papers and from the original Bagua, on purpose: the
 momentum is computed in ``step`` from the processed gradient (the original computed it in
