@@ -100,14 +100,15 @@ def decayed_gradient(p: torch.Tensor, group: dict) -> torch.Tensor:
 
 
 def new_momentum(m: torch.Tensor, g: torch.Tensor, beta1: float, out: torch.Tensor) -> torch.Tensor:
-    """``out ← β1·m + (1−β1)·g`` (``out`` may be ``m``): the one expression of the momentum
-    update, so that a momentum computed ahead (``QAdamAlgorithm``'s overlap) has the step's bits.
+    """``out ← β1·m + (1−β1)·g`` (``out`` may be ``m``), as ``torch.optim.Adam`` computes it (one
+    ``lerp``): the one expression of the momentum update, so that a momentum computed ahead
+    (``QAdamAlgorithm``'s overlap) has the step's bits.
 
     Example::
 
         new_momentum(m, g, 0.9, out=m)     # in place, as a step does
     """
-    return torch.mul(m, beta1, out=out).add_(g, alpha=1 - beta1)
+    return torch.lerp(m, g, 1 - beta1, out=out)
 
 
 class QAdamOptimizer(torch.optim.Optimizer):
