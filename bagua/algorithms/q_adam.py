@@ -35,7 +35,7 @@ import torch
 
 from ..comm import BaguaProcessGroup, Bucket, Handle, ReduceOp, allreduce, compressed_allreduce
 from ..comm.checks import trusted
-from ..comm.compressed import SEGMENT_ELEMS
+from ..comm.compressed import SEGMENT_ELEMS, raise_if_nonfinite
 from ..comm.hierarchical import hierarchical_allreduce
 from ..optim.qadam import QAdamOptimizer
 from .base import Algorithm, AlgorithmImpl
@@ -178,7 +178,12 @@ class QAdamImpl(AlgorithmImpl):
                 for momentum in buckets:
                     self._average(momentum, ahead=False)
                 self._finish_in_flight()
-        for momentum in buckets:
+        for k, momentum in enumerate(buckets):
+            if not momentum.finite():
+                if self._averaged:  # leave the momenta as averaging in step() does: updated, not yet averaged
+                    for rest in buckets[k:]:
+                        rest.update_locally()
+                raise_if_nonfinite(f"qadam's momentum allreduce ({momentum.name})", momentum.flat)
             momentum.write_back()
 
 

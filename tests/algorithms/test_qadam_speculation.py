@@ -63,7 +63,8 @@ BETWEEN = {
 
 
 def _loop(rank: int, overlap: bool, between=None, *, scaler: str = "", accumulate: bool = False,
-          fused: bool = False, unused: bool = False, rebucket: bool = False, hierarchical: bool = False) -> dict:
+          fused: bool = False, unused: bool = False, rebucket: bool = False, hierarchical: bool = False,
+          nan: bool = False) -> dict:
     model = _Net(extra_head=unused)  # used by every rank in warm-up, then by rank 0 alone
     opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=WARMUP, weight_decay=0.01)
     if fused:
@@ -84,8 +85,8 @@ def _loop(rank: int, overlap: bool, between=None, *, scaler: str = "", accumulat
         parts = 2 if accumulate else 1  # accumulation without no_sync: each backward synced
         for xs, ys in zip(x.chunk(parts), y.chunk(parts)):
             loss = F.cross_entropy(ddp(xs, extra), ys) / parts
-            if scaler == "overflow" and step == WARMUP + 1 and rank == 1:
-                loss = loss * float("inf")
+            if (scaler == "overflow" or nan) and step == WARMUP + 1 and rank == 1:
+                loss = loss * float("inf" if scaler else "nan")
             (grad_scaler.scale(loss) if grad_scaler else loss).backward()
         if step >= WARMUP:
             if scaler == "unscale_":
@@ -93,15 +94,20 @@ def _loop(rank: int, overlap: bool, between=None, *, scaler: str = "", accumulat
             if between is not None:
                 between(dict(model=model, opt=opt, ddp=ddp, batch=(x, y)))
         extra_grads.append(unused and model.extra.weight.grad is None)
-        if grad_scaler is not None:
-            grad_scaler.step(opt)
-            grad_scaler.update()
-        else:
-            opt.fuse_step() if fused else opt.step()
+        try:
+            if grad_scaler is not None:
+                grad_scaler.step(opt)
+                grad_scaler.update()
+            else:
+                opt.fuse_step() if fused else opt.step()
+        except ValueError as error:  # a NaN on one rank: every rank raises, and keeps what the step left
+            assert nan and "NaN or Inf" in str(error), error
+            break
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+    momentum = torch.cat([opt.state[p]["exp_avg"].reshape(-1) for p in model.parameters()]).clone()
     stats = ddp.impl.speculation.stats
     ddp.close()
-    return dict(params=params, stats=stats, extra_grad_none=extra_grads)
+    return dict(params=params, momentum=momentum, stats=stats, extra_grad_none=extra_grads, steps=step + 1)
 
 
 LOOPS = {
@@ -113,6 +119,7 @@ LOOPS = {
     "fused": dict(fused=True),
     "unused_on_one_rank": dict(unused=True),
     "rebucketed_mid_run": dict(rebucket=True),
+    "nan_on_one_rank_raises": dict(nan=True),
 }
 
 
@@ -140,7 +147,10 @@ def results() -> list[dict]:
 def test_every_loop_has_the_bits_of_averaging_in_step_on_every_rank(results):
     for name in LOOPS:
         for r in results:
-            assert torch.equal(r[name][True]["params"], r[name][False]["params"]), name
+            ours, theirs = r[name][True], r[name][False]
+            assert ours["steps"] == theirs["steps"], name
+            for key in ("params", "momentum"):  # bit for bit, NaN included
+                assert torch.equal(ours[key].view(torch.int32), theirs[key].view(torch.int32)), (name, key)
         assert torch.equal(results[0][name][True]["params"], results[1][name][True]["params"]), name
 
 
@@ -160,6 +170,12 @@ def test_the_speculation_misses_and_pauses_where_the_gradients_changed_after_bac
             stats = r[name][True]["stats"]
             # missed at its 1st step after warm-up, paused 1, missed again, paused 2
             assert (stats.hits, stats.misses, stats.paused) == (0, 2, 2), (name, stats)
+
+
+def test_a_nan_on_one_rank_raises_at_the_same_step_everywhere_leaving_the_same_state(results):
+    for r in results:  # the momenta as the step left them (updated locally, not averaged): equal above
+        assert r["nan_on_one_rank_raises"][True]["steps"] == WARMUP + 2
+        assert r["nan_on_one_rank_raises"][True]["stats"].hits == 2  # the NaN step too: its bits did not change
 
 
 def test_a_parameter_unused_on_a_rank_keeps_no_gradient_there_either_way(results):
