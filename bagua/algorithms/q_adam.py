@@ -189,8 +189,9 @@ class QAdamImpl(AlgorithmImpl):
 
 @Algorithm.register("qadam")
 class QAdamAlgorithm(Algorithm):
-    """QAdam: exact gradient averaging during warm-up, then compressed momentum averaging in
-    ``QAdamOptimizer.step`` (see the module docstring and ``bagua.optim.QAdamOptimizer``).
+    """QAdam: exact gradient averaging during warm-up, then compressed momentum averaging, during
+    backward (``overlap``) or in ``QAdamOptimizer.step`` (see the module docstring and
+    ``bagua.optim.QAdamOptimizer``).
 
     Args:
         q_adam_optimizer: the ``bagua.optim.QAdamOptimizer`` that steps the model. The wrapper
