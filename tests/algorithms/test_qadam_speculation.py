@@ -19,6 +19,8 @@ from tests.harness import run_ranks
 
 WARMUP, STEPS = 2, 6
 AFTER_WARMUP = STEPS - WARMUP
+# the autotuner rebuilds the buckets at step boundaries, after warm-up too
+TUNING = bagua.AutotuneConfig(max_trials=4, steps_per_trial=1, warmup_steps=1, space={"bucket_size_bytes": (64, 256)})
 
 
 class _Net(torch.nn.Module):
@@ -64,13 +66,14 @@ BETWEEN = {
 
 def _loop(rank: int, overlap: bool, between=None, *, scaler: str = "", accumulate: bool = False,
           fused: bool = False, unused: bool = False, rebucket: bool = False, hierarchical: bool = False,
-          nan: bool = False) -> dict:
+          nan: bool = False, autotune: bool = False) -> dict:
     model = _Net(extra_head=unused)  # used by every rank in warm-up, then by rank 0 alone
     opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=WARMUP, weight_decay=0.01)
     if fused:
         opt = bagua.optim.fuse_optimizer(opt)
     algorithm = bagua.algorithms.QAdamAlgorithm(opt, overlap=overlap, hierarchical=hierarchical)
-    ddp = bagua.DistributedDataParallel(model, [opt], algorithm, find_unused_parameters=unused, bucket_size_bytes=1024)
+    ddp = bagua.DistributedDataParallel(model, [opt], algorithm, find_unused_parameters=unused, bucket_size_bytes=1024,
+                                        autotune=TUNING if autotune else None)
     grad_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10) if scaler else None
     g = torch.Generator().manual_seed(rank)
     extra_grads = []
@@ -119,6 +122,7 @@ LOOPS = {
     "fused": dict(fused=True),
     "unused_on_one_rank": dict(unused=True),
     "rebucketed_mid_run": dict(rebucket=True),
+    "autotuned": dict(autotune=True),
     "nan_on_one_rank_raises": dict(nan=True),
 }
 
@@ -157,7 +161,7 @@ def test_every_loop_has_the_bits_of_averaging_in_step_on_every_rank(results):
 def test_the_speculation_hits_where_the_step_sees_what_backward_left(results):
     for r in results:
         for name in ("plain", "clip_never_binding", "accumulation_without_no_sync", "fused", "unused_on_one_rank",
-                     "rebucketed_mid_run"):
+                     "rebucketed_mid_run", "autotuned"):
             stats = r[name][True]["stats"]
             assert (stats.hits, stats.misses, stats.paused) == (AFTER_WARMUP, 0, 0), (name, stats)
         assert r["plain"][False]["stats"].hits == 0  # overlap=False never speculates
