@@ -37,13 +37,71 @@ from ..comm import BaguaProcessGroup, Bucket, Handle, ReduceOp, allreduce, compr
 from ..comm.checks import trusted
 from ..comm.compressed import SEGMENT_ELEMS, raise_if_nonfinite
 from ..comm.hierarchical import hierarchical_allreduce
-from ..optim.qadam import QAdamOptimizer
+from ..optim.qadam import QAdamOptimizer, decayed_gradient, new_momentum
 from .base import Algorithm, AlgorithmImpl
 from .gradient_allreduce import SEGMENT_SIZES, append_gradient_allreduce, hierarchical_node_groups
-from .qadam_speculation import MomentumBucket, Speculation
+from .qadam_speculation import Speculation
 from .tunable import Tunable
 
 COMPRESSION = "minmax_uint8"
+
+
+class MomentumBucket:
+    """The momenta of one wrapper bucket's parameters as the ranks average them: each
+    ``m / (sqrt(v̂) + eps)`` in the flat buffer ``flat`` (tensor ``i`` from ``starts[i]``, the
+    starts of the codec blocks), then ``m`` back from the average.
+
+    Args:
+        optimizer: the ``QAdamOptimizer`` whose state holds the momenta.
+        members: the bucket's parameters with their param groups, in bucket order.
+        name: for errors and logs.
+
+    Example::
+
+        mb = MomentumBucket(opt, [(p, group) for p in params], "bucket0")
+        mb.fill()                                                # what a step does after warm-up
+        compressed_allreduce(mb.flat, op="avg", starts=mb.starts)
+        if mb.finite():
+            mb.write_back()
+    """
+
+    def __init__(self, optimizer: QAdamOptimizer, members: list[tuple[torch.Tensor, dict]], name: str):
+        self.optimizer, self.members, self.name = optimizer, members, name
+        p0 = members[0][0]
+        self.flat = torch.empty(sum(p.numel() for p, _ in members), dtype=p0.dtype, device=p0.device)
+        self.starts, self.views = [], []
+        for p, _ in members:
+            start = self.starts[-1] + self.views[-1].numel() if self.views else 0
+            self.starts.append(start)
+            self.views.append(self.flat[start:start + p.numel()].view(p.shape))
+        #: the speculation's copies of the gradients, in this bucket's layout (allocated by the first)
+        self.grad_copies: Optional[torch.Tensor] = None
+
+    @torch.no_grad()
+    def fill(self) -> None:
+        """Each ratio from the momentum as the step left it."""
+        state = self.optimizer.state
+        for (p, group), view in zip(self.members, self.views):
+            torch.div(state[p]["exp_avg"], self.optimizer.denominator(p, group), out=view)
+
+    def finite(self) -> bool:
+        """Whether every averaged ratio is finite (NaN or Inf on any rank makes its block NaN)."""
+        # the sum first: one fast pass, where torch.isfinite() takes ~10x as long on CPU
+        return bool(self.flat.sum().isfinite()) or bool(torch.isfinite(self.flat).all())
+
+    @torch.no_grad()
+    def update_locally(self) -> None:
+        """Each momentum updated from this rank's gradient alone, as a step does before averaging."""
+        for p, group in self.members:
+            m = self.optimizer.state[p]["exp_avg"]
+            new_momentum(m, decayed_gradient(p, p.grad, group), group["betas"][0], out=m)
+
+    @torch.no_grad()
+    def write_back(self) -> None:
+        """Each momentum from its averaged ratio."""
+        state = self.optimizer.state
+        for (p, group), view in zip(self.members, self.views):
+            torch.mul(view, self.optimizer.denominator(p, group), out=state[p]["exp_avg"])
 
 
 class QAdamImpl(AlgorithmImpl):

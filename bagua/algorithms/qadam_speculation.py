@@ -9,17 +9,17 @@ the rest of backward runs: a speculation. At ``step()`` each rank checks that wh
 speculation read is still what the step would read; the ranks agree (one small allreduce); on
 a hit the averaged momentum is taken as it is, on a miss anywhere it is discarded and the step
 averages from the final gradients, as without overlap. Both ways fill the same buffers, one per
-wrapper bucket (``MomentumBucket``), with the same arithmetic (``bagua.optim.qadam.new_momentum``),
+wrapper bucket (``bagua.algorithms.q_adam.MomentumBucket``), with the same arithmetic (``bagua.optim.qadam.new_momentum``),
 each tensor on its own codec blocks, so they give the same bits.
 
 The check, per parameter:
 
-* its gradient, bit for bit, against a copy taken when the speculation read it (None against
-  None). Bits see every way a gradient changes: clipping that clipped (``clip_grad_norm_``
-  multiplies by 1.0 when it clips nothing, which changes no bit and is a hit),
-  ``GradScaler.unscale_`` (whose kernel bumps no version counter), writes through
+* its gradient, bit for bit, against the copy of its bits that the speculation computed from
+  (None against None). Bits see every way a gradient changes: clipping that clipped
+  (``clip_grad_norm_`` multiplies by 1.0 when it clips nothing, which changes no bit and is a
+  hit), ``GradScaler.unscale_`` (whose kernel bumps no version counter), writes through
   ``p.grad.data`` (a counter of their own), NumPy or DLPack views, communication into it,
-  another backward, ``zero_grad``;
+  another backward, ``zero_grad``, a hook racing the speculation;
 * its ``exp_avg`` and ``exp_avg_sq`` (the same objects, version counters unchanged), the
   parameter itself where weight decay reads it (version counter), and its group's betas, eps,
   weight decay and the warm-up length (values): torch's writers of these (``load_state_dict`` of
@@ -32,7 +32,7 @@ into a parameter (with weight decay) or into ``exp_avg``/``exp_avg_sq`` between 
 ``step()`` that bumps no version counter (through ``.data``, NumPy, DLPack or a custom kernel);
 use ``QAdamAlgorithm(opt, overlap=False)`` for a loop that does that.
 
-Speculating costs a copy of the gradients during backward and their comparison at the step. A
+Speculating costs a copy of the gradients during backward and its comparison at the step. A
 miss wastes the speculation's traffic, so after a miss speculation pauses 1 step, then 2, 4, ...
 up to ``MAX_PAUSE`` while it keeps missing (a loop that clips every step probes now and then)
 and resumes on a hit. The logger ``bagua.algorithms.qadam_speculation`` logs each step's
@@ -49,90 +49,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from ..optim.qadam import QAdamOptimizer, decayed_gradient, new_momentum
+
+if TYPE_CHECKING:  # q_adam imports this module
+    from .q_adam import MomentumBucket
 
 logger = logging.getLogger(__name__)
 
 #: the longest pause of speculation after consecutive misses, in steps
 MAX_PAUSE = 64
 _SAME_SIZE_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-class MomentumBucket:
-    """The momenta of one wrapper bucket's parameters as the ranks average them: each
-    ``m / (sqrt(v̂) + eps)`` in the flat buffer ``flat`` (tensor ``i`` from ``starts[i]``, the
-    starts of the codec blocks), then ``m`` back from the average.
-
-    Args:
-        optimizer: the ``QAdamOptimizer`` whose state holds the momenta.
-        members: the bucket's parameters with their param groups, in bucket order.
-        name: for errors and logs.
-
-    Example::
-
-        mb = MomentumBucket(opt, [(p, group) for p in params], "bucket0")
-        mb.fill()                                                # what a step does after warm-up
-        compressed_allreduce(mb.flat, op="avg", starts=mb.starts)
-        if mb.finite():
-            mb.write_back()
-    """
-
-    def __init__(self, optimizer: QAdamOptimizer, members: list[tuple[torch.Tensor, dict]], name: str):
-        self.optimizer, self.members, self.name = optimizer, members, name
-        p0 = members[0][0]
-        self.flat = torch.empty(sum(p.numel() for p, _ in members), dtype=p0.dtype, device=p0.device)
-        self.starts, self.views = [], []
-        for p, _ in members:
-            start = self.starts[-1] + self.views[-1].numel() if self.views else 0
-            self.starts.append(start)
-            self.views.append(self.flat[start:start + p.numel()].view(p.shape))
-        self._grad_copies: Optional[torch.Tensor] = None  # allocated by the first speculation
-
-    @torch.no_grad()
-    def fill(self) -> None:
-        """Each ratio from the momentum as the step left it."""
-        state = self.optimizer.state
-        for (p, group), view in zip(self.members, self.views):
-            torch.div(state[p]["exp_avg"], self.optimizer.denominator(p, group), out=view)
-
-    @torch.no_grad()
-    def fill_ahead(self) -> list["_Inputs"]:
-        """Each ratio from the momentum a step would make from the gradient as it is now: from
-        a copy of its bits, which the check at the step compares with the gradient then; returns
-        what each ratio was made from."""
-        if self._grad_copies is None:
-            self._grad_copies = torch.empty_like(self.flat)
-        opt, inputs = self.optimizer, []
-        for (p, group), view, start in zip(self.members, self.views, self.starts):
-            record = _Inputs(p, group, opt, self._grad_copies[start:start + p.numel()].view(p.shape))
-            inputs.append(record)
-            g = decayed_gradient(p, record.grad_copy, group)
-            new_momentum(opt.state[p]["exp_avg"], g, group["betas"][0], out=view)
-            view.div_(opt.denominator(p, group))
-        return inputs
-
-    def finite(self) -> bool:
-        """Whether every averaged ratio is finite (NaN or Inf on any rank makes its block NaN)."""
-        # the sum first: one fast pass, where torch.isfinite() takes ~10x as long on CPU
-        return bool(self.flat.sum().isfinite()) or bool(torch.isfinite(self.flat).all())
-
-    @torch.no_grad()
-    def update_locally(self) -> None:
-        """Each momentum updated from this rank's gradient alone, as a step does before averaging."""
-        for p, group in self.members:
-            m = self.optimizer.state[p]["exp_avg"]
-            new_momentum(m, decayed_gradient(p, p.grad, group), group["betas"][0], out=m)
-
-    @torch.no_grad()
-    def write_back(self) -> None:
-        """Each momentum from its averaged ratio."""
-        state = self.optimizer.state
-        for (p, group), view in zip(self.members, self.views):
-            torch.mul(view, self.optimizer.denominator(p, group), out=state[p]["exp_avg"])
 
 
 class _Inputs:
@@ -227,15 +157,27 @@ class Speculation:
         """Whether the momentum of the coming step is speculated (its backward launches it)."""
         return self.enabled and self._pause == 0
 
-    def speculate(self, mb: MomentumBucket) -> None:
-        """Fill ``mb``'s ratios from the gradients as they are, remembering from what."""
-        self._inputs[id(mb)] = mb.fill_ahead()
+    @torch.no_grad()
+    def speculate(self, mb: "MomentumBucket") -> None:
+        """Fill ``mb``'s ratios from the momentum a step would make from each gradient as it is
+        now, computed from a copy of the gradient's bits, which the check compares with the
+        gradient at the step."""
+        if mb.grad_copies is None:
+            mb.grad_copies = torch.empty_like(mb.flat)
+        opt, inputs = mb.optimizer, []
+        for (p, group), view, start in zip(mb.members, mb.views, mb.starts):
+            record = _Inputs(p, group, opt, mb.grad_copies[start:start + p.numel()].view(p.shape))
+            inputs.append(record)
+            g = decayed_gradient(p, record.grad_copy, group)
+            new_momentum(opt.state[p]["exp_avg"], g, group["betas"][0], out=view)
+            view.div_(opt.denominator(p, group))
+        self._inputs[id(mb)] = inputs
 
     def forget(self) -> None:
         """Drop every speculation (the buckets or the weights changed)."""
         self._inputs.clear()
 
-    def holds(self, buckets: list[MomentumBucket], scaled: bool) -> bool:
+    def holds(self, buckets: list["MomentumBucket"], scaled: bool) -> bool:
         """This rank's verdict: every bucket was speculated and from what the step would use now.
         The speculations are consumed."""
         inputs, self._inputs = self._inputs, {}
@@ -268,4 +210,4 @@ class Speculation:
                          "" if hit else f"; pausing {self._pause} step(s)")
 
 
-__all__ = ["MAX_PAUSE", "MomentumBucket", "Speculation", "SpeculationStats"]
+__all__ = ["MAX_PAUSE", "Speculation", "SpeculationStats"]
