@@ -5,8 +5,9 @@ backward, so the optimizer is plain data-parallel Adam. Afterwards the gradients
 whatever the loop does to them before the step (clipping, GradScaler's unscaling, accumulation
 over micro-batches) is what the momentum sees: ``QAdamOptimizer.step`` updates the local momentum
 m ← β1·m + (1−β1)·(g + wd·x) and this algorithm (``optimizer.momentum_communicator``) averages it
-across ranks, MinMaxUInt8-compressed, one buffer per gradient bucket with each tensor on its own
-codec blocks; then the optimizer applies ``lr · m̂ / (sqrt(v̂) + eps)``. All ranks apply the same
+across ranks, MinMaxUInt8-compressed, each gradient bucket's tensors in pieces of about
+``PIECE_ELEMS`` (each tensor on its own codec blocks, each piece filled while the one before
+travels); then the optimizer applies ``lr · m̂ / (sqrt(v̂) + eps)``. All ranks apply the same
 averaged momentum, so they stay identical.
 
 With ``overlap=True`` (default) the averaging runs during backward, as each bucket's gradients
@@ -44,16 +45,20 @@ from .qadam_speculation import Speculation
 from .tunable import Tunable
 
 COMPRESSION = "minmax_uint8"
+#: elements of one momentum allreduce (a bucket's tensors in pieces of about this many, each
+#: filled while the one before travels); every tensor keeps its own codec blocks, so any size
+#: gives the same bits
+PIECE_ELEMS = 1 << 20
 
 
 class MomentumBucket:
-    """The momenta of one wrapper bucket's parameters as the ranks average them: each
+    """The momenta of some of a wrapper bucket's parameters as the ranks average them: each
     ``m / (sqrt(v̂) + eps)`` in the flat buffer ``flat`` (tensor ``i`` from ``starts[i]``, the
     starts of the codec blocks), then ``m`` back from the average.
 
     Args:
         optimizer: the ``QAdamOptimizer`` whose state holds the momenta.
-        members: the bucket's parameters with their param groups, in bucket order.
+        members: the parameters with their param groups, in bucket order.
         name: for errors and logs.
 
     Example::
@@ -116,7 +121,7 @@ class QAdamImpl(AlgorithmImpl):
         self.segment_elems = SEGMENT_ELEMS  # of the compressed momentum allreduce
         #: the momentum averaged during backward (``overlap``); ``speculation.stats`` counts its hits
         self.speculation = Speculation(enabled=overlap)
-        self._momentum: dict[int, MomentumBucket] = {}  # by id of the wrapper's bucket, in bucket order
+        self._momentum: dict[int, list[MomentumBucket]] = {}  # by id of the wrapper's bucket, in bucket order
         self._groups: dict[int, dict] = {}  # id(parameter) -> its param group
         self._covered: set[int] = set()  # ids of the parameters whose momentum is averaged
         self._covers_all = False  # every parameter of the optimizer is
@@ -138,8 +143,16 @@ class QAdamImpl(AlgorithmImpl):
         return super().tensors_to_communicate(ddp)
 
     def init_operations(self, ddp, bucket: Bucket) -> None:
-        params = [ddp.for_algorithms.parameter(name) for name in ddp.for_algorithms.names_in(bucket)]
-        momentum = MomentumBucket(self.optimizer, [(p, self._groups[id(p)]) for p in params], bucket.name)
+        pieces: list[list[tuple[torch.Tensor, dict]]] = []
+        size = 0
+        for name in ddp.for_algorithms.names_in(bucket):
+            p = ddp.for_algorithms.parameter(name)
+            if not pieces or size + p.numel() > PIECE_ELEMS:
+                pieces.append([])
+                size = 0
+            pieces[-1].append((p, self._groups[id(p)]))
+            size += p.numel()
+        momentum = [MomentumBucket(self.optimizer, piece, f"{bucket.name}#{k}") for k, piece in enumerate(pieces)]
         self._momentum[id(bucket)] = momentum
         self.speculation.forget()
         self._ops_in_warmup = self.optimizer.in_warmup
@@ -148,23 +161,24 @@ class QAdamImpl(AlgorithmImpl):
         else:
             bucket.append_op(lambda _: self._average(momentum, ahead=True), f"speculated_momentum_allreduce[{COMPRESSION}]")
 
-    def _average(self, momentum: MomentumBucket, ahead: bool) -> Optional[Handle]:
-        """Fill ``momentum``'s ratios (``ahead``: from the gradients as they are, speculating) and
-        launch their allreduce once the previous bucket's has finished: one in flight at a time,
-        the next bucket filled while it travels."""
-        if ahead:
-            self.speculation.speculate(momentum)
-        else:
-            momentum.fill()
-        self._finish_in_flight()
-        if self.node_groups is not None:
-            hierarchical_allreduce(momentum.flat, op=ReduceOp.AVG, compression=COMPRESSION, nonfinite="propagate",
-                                   groups=self.node_groups, starts=momentum.starts, segment_elems=self.segment_elems)
-            self._in_flight = None
-        else:
-            self._in_flight = compressed_allreduce(momentum.flat, op=ReduceOp.AVG, codec=COMPRESSION,
-                                                   group=self.process_group, async_op=True, nonfinite="propagate",
-                                                   starts=momentum.starts, segment_elems=self.segment_elems)
+    def _average(self, pieces: list[MomentumBucket], ahead: bool) -> Optional[Handle]:
+        """Fill each piece's ratios (``ahead``: from the gradients as they are, speculating) and
+        launch its allreduce once the previous one has finished: one in flight at a time, the
+        next piece filled while it travels. Returns the last one's handle, unfinished."""
+        for momentum in pieces:
+            if ahead:
+                self.speculation.speculate(momentum)
+            else:
+                momentum.fill()
+            self._finish_in_flight()
+            if self.node_groups is not None:
+                hierarchical_allreduce(momentum.flat, op=ReduceOp.AVG, compression=COMPRESSION, nonfinite="propagate",
+                                       groups=self.node_groups, starts=momentum.starts, segment_elems=self.segment_elems)
+                self._in_flight = None
+            else:
+                self._in_flight = compressed_allreduce(momentum.flat, op=ReduceOp.AVG, codec=COMPRESSION,
+                                                       group=self.process_group, async_op=True, nonfinite="propagate",
+                                                       starts=momentum.starts, segment_elems=self.segment_elems)
         return self._in_flight
 
     def _finish_in_flight(self) -> None:
@@ -212,7 +226,7 @@ class QAdamImpl(AlgorithmImpl):
     def begin_step(self, found_inf: Optional[bool], scaled: bool) -> bool:
         speculated = self.speculation.active
         skip = bool(found_inf)
-        hit = speculated and self.speculation.holds(list(self._momentum.values()), scaled)
+        hit = speculated and self.speculation.holds(self._pieces(), scaled)
         if speculated or found_inf is not None:  # one small allreduce: every rank skips or hits alike
             verdict = torch.tensor([float(skip), float(not hit)])
             with trusted():  # every rank calls it at the same point of the same step
@@ -228,18 +242,20 @@ class QAdamImpl(AlgorithmImpl):
     def averaged_already(self, p: torch.Tensor) -> bool:
         return self._averaged and (self._covers_all or id(p) in self._covered)
 
+    def _pieces(self) -> list[MomentumBucket]:
+        return [momentum for pieces in self._momentum.values() for momentum in pieces]
+
     @torch.no_grad()
     def average_momentum(self) -> None:
-        buckets = list(self._momentum.values())
+        pieces = self._pieces()
         if not self._averaged:
             with trusted():  # the buckets' layout was checked across ranks when the wrapper built them
-                for momentum in buckets:
-                    self._average(momentum, ahead=False)
+                self._average(pieces, ahead=False)
                 self._finish_in_flight()
-        for k, momentum in enumerate(buckets):
+        for k, momentum in enumerate(pieces):
             if not momentum.finite():
                 if self._averaged:  # leave the momenta as averaging in step() does: updated, not yet averaged
-                    for rest in buckets[k:]:
+                    for rest in pieces[k:]:
                         rest.update_locally()
                 raise_if_nonfinite(f"qadam's momentum allreduce ({momentum.name})", momentum.flat)
             momentum.write_back()

@@ -8,9 +8,9 @@ momentum of its parameters is computed from them there, and its 8-bit allreduce 
 the rest of backward runs: a speculation. At ``step()`` each rank checks that what the
 speculation read is still what the step would read; the ranks agree (one small allreduce); on
 a hit the averaged momentum is taken as it is, on a miss anywhere it is discarded and the step
-averages from the final gradients, as without overlap. Both ways fill the same buffers, one per
-wrapper bucket (``bagua.algorithms.q_adam.MomentumBucket``), with the same arithmetic (``bagua.optim.qadam.new_momentum``),
-each tensor on its own codec blocks, so they give the same bits.
+averages from the final gradients, as without overlap. Both ways fill the same buffers (pieces of
+each wrapper bucket, ``bagua.algorithms.q_adam.MomentumBucket``) with the same arithmetic
+(``bagua.optim.qadam.new_momentum``), each tensor on its own codec blocks: the same bits.
 
 The check, per parameter:
 
