@@ -5,13 +5,13 @@ backward, so the optimizer is plain data-parallel Adam. Afterwards the gradients
 whatever the loop does to them before the step (clipping, GradScaler's unscaling, accumulation
 over micro-batches) is what the momentum sees: ``QAdamOptimizer.step`` updates the local momentum
 m ← β1·m + (1−β1)·(g + wd·x) and this algorithm (``optimizer.momentum_communicator``) averages it
-across ranks, MinMaxUInt8-compressed, each gradient bucket's tensors in pieces of about
-``PIECE_ELEMS`` (each tensor on its own codec blocks, each piece filled while the one before
-travels); then the optimizer applies ``lr · m̂ / (sqrt(v̂) + eps)``. All ranks apply the same
+across ranks, MinMaxUInt8-compressed, one buffer per gradient bucket with each tensor on its own
+codec blocks; then the optimizer applies ``lr · m̂ / (sqrt(v̂) + eps)``. All ranks apply the same
 averaged momentum, so they stay identical.
 
-With ``overlap=True`` (default) the averaging runs during backward, as each bucket's gradients
-become ready, speculating that the step will see those gradients; the step checks that it does
+With ``overlap=True`` (default) the averaging runs during backward: each parameter's momentum is
+computed as soon as backward has produced its gradient, each bucket's allreduce launched as soon
+as the bucket is complete, speculating that the step will see those gradients; the step checks that it does
 and otherwise averages again from what it sees, so every step has the bits of ``overlap=False``
 (``bagua.algorithms.qadam_speculation`` says how, and what the check cannot see).
 
@@ -45,20 +45,16 @@ from .qadam_speculation import Speculation
 from .tunable import Tunable
 
 COMPRESSION = "minmax_uint8"
-#: elements of one momentum allreduce (a bucket's tensors in pieces of about this many, each
-#: filled while the one before travels); every tensor keeps its own codec blocks, so any size
-#: gives the same bits
-PIECE_ELEMS = 1 << 20
 
 
 class MomentumBucket:
-    """The momenta of some of a wrapper bucket's parameters as the ranks average them: each
+    """The momenta of one wrapper bucket's parameters as the ranks average them: each
     ``m / (sqrt(v̂) + eps)`` in the flat buffer ``flat`` (tensor ``i`` from ``starts[i]``, the
     starts of the codec blocks), then ``m`` back from the average.
 
     Args:
         optimizer: the ``QAdamOptimizer`` whose state holds the momenta.
-        members: the parameters with their param groups, in bucket order.
+        members: the bucket's parameters with their param groups, in bucket order.
         name: for errors and logs.
 
     Example::
@@ -121,7 +117,8 @@ class QAdamImpl(AlgorithmImpl):
         self.segment_elems = SEGMENT_ELEMS  # of the compressed momentum allreduce
         #: the momentum averaged during backward (``overlap``); ``speculation.stats`` counts its hits
         self.speculation = Speculation(enabled=overlap)
-        self._momentum: dict[int, list[MomentumBucket]] = {}  # by id of the wrapper's bucket, in bucket order
+        self._momentum: dict[int, MomentumBucket] = {}  # by id of the wrapper's bucket, in bucket order
+        self._slots: dict[str, tuple[MomentumBucket, int]] = {}  # parameter name -> its bucket and place
         self._groups: dict[int, dict] = {}  # id(parameter) -> its param group
         self._covered: set[int] = set()  # ids of the parameters whose momentum is averaged
         self._covers_all = False  # every parameter of the optimizer is
@@ -139,21 +136,16 @@ class QAdamImpl(AlgorithmImpl):
         self._covered = {id(p) for _, p in ddp.named_trainable_parameters}
         self._covers_all = self._covered == set(self._groups)
         self._momentum.clear()
+        self._slots.clear()
         self.speculation.forget()
         return super().tensors_to_communicate(ddp)
 
     def init_operations(self, ddp, bucket: Bucket) -> None:
-        pieces: list[list[tuple[torch.Tensor, dict]]] = []
-        size = 0
-        for name in ddp.for_algorithms.names_in(bucket):
-            p = ddp.for_algorithms.parameter(name)
-            if not pieces or size + p.numel() > PIECE_ELEMS:
-                pieces.append([])
-                size = 0
-            pieces[-1].append((p, self._groups[id(p)]))
-            size += p.numel()
-        momentum = [MomentumBucket(self.optimizer, piece, f"{bucket.name}#{k}") for k, piece in enumerate(pieces)]
+        names = ddp.for_algorithms.names_in(bucket)
+        params = [ddp.for_algorithms.parameter(name) for name in names]
+        momentum = MomentumBucket(self.optimizer, [(p, self._groups[id(p)]) for p in params], bucket.name)
         self._momentum[id(bucket)] = momentum
+        self._slots.update((name, (momentum, i)) for i, name in enumerate(names))
         self.speculation.forget()
         self._ops_in_warmup = self.optimizer.in_warmup
         if self._ops_in_warmup:
@@ -161,24 +153,28 @@ class QAdamImpl(AlgorithmImpl):
         else:
             bucket.append_op(lambda _: self._average(momentum, ahead=True), f"speculated_momentum_allreduce[{COMPRESSION}]")
 
-    def _average(self, pieces: list[MomentumBucket], ahead: bool) -> Optional[Handle]:
-        """Fill each piece's ratios (``ahead``: from the gradients as they are, speculating) and
-        launch its allreduce once the previous one has finished: one in flight at a time, the
-        next piece filled while it travels. Returns the last one's handle, unfinished."""
-        for momentum in pieces:
-            if ahead:
-                self.speculation.speculate(momentum)
-            else:
-                momentum.fill()
-            self._finish_in_flight()
-            if self.node_groups is not None:
-                hierarchical_allreduce(momentum.flat, op=ReduceOp.AVG, compression=COMPRESSION, nonfinite="propagate",
-                                       groups=self.node_groups, starts=momentum.starts, segment_elems=self.segment_elems)
-                self._in_flight = None
-            else:
-                self._in_flight = compressed_allreduce(momentum.flat, op=ReduceOp.AVG, codec=COMPRESSION,
-                                                       group=self.process_group, async_op=True, nonfinite="propagate",
-                                                       starts=momentum.starts, segment_elems=self.segment_elems)
+    def on_tensor_ready(self, ddp, name: str, param: torch.nn.Parameter) -> None:
+        if not self.optimizer.in_warmup and self.speculation.active:  # its momentum now, while backward goes on
+            self.speculation.speculate(*self._slots[name])
+        super().on_tensor_ready(ddp, name, param)
+
+    def _average(self, momentum: MomentumBucket, ahead: bool) -> Optional[Handle]:
+        """Fill ``momentum``'s ratios (``ahead``: those backward's hooks have not, from the gradients
+        as they are, speculating) and launch their allreduce once the previous bucket's has finished:
+        one in flight at a time. Returns its handle, unfinished."""
+        if ahead:
+            self.speculation.complete(momentum)
+        else:
+            momentum.fill()
+        self._finish_in_flight()
+        if self.node_groups is not None:
+            hierarchical_allreduce(momentum.flat, op=ReduceOp.AVG, compression=COMPRESSION, nonfinite="propagate",
+                                   groups=self.node_groups, starts=momentum.starts, segment_elems=self.segment_elems)
+            self._in_flight = None
+        else:
+            self._in_flight = compressed_allreduce(momentum.flat, op=ReduceOp.AVG, codec=COMPRESSION,
+                                                   group=self.process_group, async_op=True, nonfinite="propagate",
+                                                   starts=momentum.starts, segment_elems=self.segment_elems)
         return self._in_flight
 
     def _finish_in_flight(self) -> None:
@@ -226,7 +222,7 @@ class QAdamImpl(AlgorithmImpl):
     def begin_step(self, found_inf: Optional[bool], scaled: bool) -> bool:
         speculated = self.speculation.active
         skip = bool(found_inf)
-        hit = speculated and self.speculation.holds(self._pieces(), scaled)
+        hit = speculated and self.speculation.holds(list(self._momentum.values()), scaled)
         if speculated or found_inf is not None:  # one small allreduce: every rank skips or hits alike
             verdict = torch.tensor([float(skip), float(not hit)])
             with trusted():  # every rank calls it at the same point of the same step
@@ -242,20 +238,18 @@ class QAdamImpl(AlgorithmImpl):
     def averaged_already(self, p: torch.Tensor) -> bool:
         return self._averaged and (self._covers_all or id(p) in self._covered)
 
-    def _pieces(self) -> list[MomentumBucket]:
-        return [momentum for pieces in self._momentum.values() for momentum in pieces]
-
     @torch.no_grad()
     def average_momentum(self) -> None:
-        pieces = self._pieces()
+        buckets = list(self._momentum.values())
         if not self._averaged:
             with trusted():  # the buckets' layout was checked across ranks when the wrapper built them
-                self._average(pieces, ahead=False)
+                for momentum in buckets:
+                    self._average(momentum, ahead=False)
                 self._finish_in_flight()
-        for k, momentum in enumerate(pieces):
+        for k, momentum in enumerate(buckets):
             if not momentum.finite():
                 if self._averaged:  # leave the momenta as averaging in step() does: updated, not yet averaged
-                    for rest in pieces[k:]:
+                    for rest in buckets[k:]:
                         rest.update_locally()
                 raise_if_nonfinite(f"qadam's momentum allreduce ({momentum.name})", momentum.flat)
             momentum.write_back()

@@ -3,13 +3,14 @@
 After warm-up ``QAdamOptimizer.step`` averages ``m / (sqrt(v̂) + eps)`` over the ranks, ``m`` being
 the momentum updated from the gradient the optimizer sees. That gradient usually is the one
 backward produced, but the loop may change it before the step (clipping, GradScaler's
-unscaling, a further backward, a manual edit). So when a bucket's gradients are ready, the
-momentum of its parameters is computed from them there, and its 8-bit allreduce launched while
-the rest of backward runs: a speculation. At ``step()`` each rank checks that what the
+unscaling, a further backward, a manual edit). So each parameter's momentum is computed as soon
+as backward has produced its gradient (in the wrapper's gradient hook), and each bucket's 8-bit
+allreduce launched as soon as the bucket is complete, while the rest of backward runs: a
+speculation. At ``step()`` each rank checks that what the
 speculation read is still what the step would read; the ranks agree (one small allreduce); on
 a hit the averaged momentum is taken as it is, on a miss anywhere it is discarded and the step
-averages from the final gradients, as without overlap. Both ways fill the same buffers (pieces of
-each wrapper bucket, ``bagua.algorithms.q_adam.MomentumBucket``) with the same arithmetic
+averages from the final gradients, as without overlap. Both ways fill the same buffers (one per
+wrapper bucket, ``bagua.algorithms.q_adam.MomentumBucket``) with the same arithmetic
 (``bagua.optim.qadam.new_momentum``), each tensor on its own codec blocks: the same bits.
 
 The check, per parameter:
@@ -141,7 +142,8 @@ class Speculation:
     Example::
 
         spec = Speculation(enabled=True)
-        spec.speculate(momentum_bucket)                   # a bucket's op, in backward
+        spec.speculate(momentum_bucket, i)                # as backward produces member i's gradient
+        spec.complete(momentum_bucket)                    # the bucket's op: the rest, then its allreduce
         hit = spec.holds(momentum_buckets, scaled=False)  # at step(), then agreed across ranks
         spec.conclude(speculated=True, hit=agreed)
     """
@@ -149,7 +151,8 @@ class Speculation:
     def __init__(self, enabled: bool):
         self.enabled = enabled
         self.stats = SpeculationStats()
-        self._inputs: dict[int, list[_Inputs]] = {}  # by id of the MomentumBucket
+        self._inputs: dict[int, list[Optional[_Inputs]]] = {}  # by id of the MomentumBucket, by member
+        self._fresh: dict[int, set[int]] = {}  # the members filled since their bucket's last completion
         self._pause, self._backoff = 0, 1
 
     @property
@@ -158,24 +161,33 @@ class Speculation:
         return self.enabled and self._pause == 0
 
     @torch.no_grad()
-    def speculate(self, mb: "MomentumBucket") -> None:
-        """Fill ``mb``'s ratios from the momentum a step would make from each gradient as it is
-        now, computed from a copy of the gradient's bits, which the check compares with the
-        gradient at the step."""
+    def speculate(self, mb: "MomentumBucket", index: int) -> None:
+        """Fill member ``index`` of ``mb``: the ratio of the momentum a step would make from its
+        gradient as it is now, computed from a copy of the gradient's bits, which the check
+        compares with the gradient at the step."""
         if mb.grad_copies is None:
             mb.grad_copies = torch.empty_like(mb.flat)
-        opt, inputs = mb.optimizer, []
-        for (p, group), view, start in zip(mb.members, mb.views, mb.starts):
-            record = _Inputs(p, group, opt, mb.grad_copies[start:start + p.numel()].view(p.shape))
-            inputs.append(record)
-            g = decayed_gradient(p, record.grad_copy, group)
-            new_momentum(opt.state[p]["exp_avg"], g, group["betas"][0], out=view)
-            view.div_(opt.denominator(p, group))
-        self._inputs[id(mb)] = inputs
+        (p, group), view, start = mb.members[index], mb.views[index], mb.starts[index]
+        record = _Inputs(p, group, mb.optimizer, mb.grad_copies[start:start + p.numel()].view(p.shape))
+        g = decayed_gradient(p, record.grad_copy, group)
+        new_momentum(mb.optimizer.state[p]["exp_avg"], g, group["betas"][0], out=view)
+        view.div_(mb.optimizer.denominator(p, group))
+        self._inputs.setdefault(id(mb), [None] * len(mb.members))[index] = record
+        self._fresh.setdefault(id(mb), set()).add(index)
+
+    def complete(self, mb: "MomentumBucket") -> None:
+        """Fill the members of ``mb`` not filled since its last completion (parameters backward
+        did not reach), before its allreduce."""
+        fresh = self._fresh.get(id(mb), set())
+        for index in range(len(mb.members)):
+            if index not in fresh:
+                self.speculate(mb, index)
+        self._fresh.pop(id(mb), None)
 
     def forget(self) -> None:
         """Drop every speculation (the buckets or the weights changed)."""
         self._inputs.clear()
+        self._fresh.clear()
 
     def holds(self, buckets: list["MomentumBucket"], scaled: bool) -> bool:
         """This rank's verdict: every bucket was speculated and from what the step would use now.
@@ -184,7 +196,7 @@ class Speculation:
         if scaled or any(id(mb) not in inputs for mb in buckets):
             return False
         return all(
-            record.unchanged(p, group, mb.optimizer)
+            record is not None and record.unchanged(p, group, mb.optimizer)
             for mb in buckets
             for (p, group), record in zip(mb.members, inputs[id(mb)])
         )

@@ -66,10 +66,7 @@ BETWEEN = {
 
 def _loop(rank: int, overlap: bool, between=None, *, scaler: str = "", accumulate: bool = False,
           fused: bool = False, unused: bool = False, rebucket: bool = False, hierarchical: bool = False,
-          nan: bool = False, autotune: bool = False, piece_elems: int = 0) -> dict:
-    if piece_elems:  # each bucket's momentum averaged in pieces of at most this many elements
-        monkeypatch = pytest.MonkeyPatch()
-        monkeypatch.setattr(bagua.algorithms.q_adam, "PIECE_ELEMS", piece_elems)
+          nan: bool = False, autotune: bool = False) -> dict:
     model = _Net(extra_head=unused)  # used by every rank in warm-up, then by rank 0 alone
     opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=WARMUP, weight_decay=0.01)
     if fused:
@@ -113,8 +110,6 @@ def _loop(rank: int, overlap: bool, between=None, *, scaler: str = "", accumulat
     momentum = torch.cat([opt.state[p]["exp_avg"].reshape(-1) for p in model.parameters()]).clone()
     stats = ddp.impl.speculation.stats
     ddp.close()
-    if piece_elems:
-        monkeypatch.undo()
     return dict(params=params, momentum=momentum, stats=stats, extra_grad_none=extra_grads, steps=step + 1)
 
 
@@ -128,7 +123,6 @@ LOOPS = {
     "unused_on_one_rank": dict(unused=True),
     "rebucketed_mid_run": dict(rebucket=True),
     "autotuned": dict(autotune=True),
-    "small_pieces": dict(piece_elems=40),
     "nan_on_one_rank_raises": dict(nan=True),
 }
 
@@ -167,15 +161,15 @@ def test_every_loop_has_the_bits_of_averaging_in_step_on_every_rank(results):
 def test_the_speculation_hits_where_the_step_sees_what_backward_left(results):
     for r in results:
         for name in ("plain", "clip_never_binding", "accumulation_without_no_sync", "fused", "unused_on_one_rank",
-                     "rebucketed_mid_run", "autotuned", "small_pieces"):
+                     "rebucketed_mid_run", "autotuned"):
             stats = r[name][True]["stats"]
             assert (stats.hits, stats.misses, stats.paused) == (AFTER_WARMUP, 0, 0), (name, stats)
         assert r["plain"][False]["stats"].hits == 0  # overlap=False never speculates
 
 
-def test_the_layout_of_buckets_and_pieces_changes_no_bit(results):
+def test_the_layout_of_buckets_changes_no_bit(results):
     for r in results:
-        for name in ("fused", "rebucketed_mid_run", "autotuned", "small_pieces"):
+        for name in ("fused", "rebucketed_mid_run", "autotuned"):
             assert torch.equal(r[name][True]["params"], r["plain"][True]["params"]), name
 
 
