@@ -6,9 +6,10 @@ each, the bytes the busiest link carries and the messages that must follow each 
 each waits for the one before it to arrive, so each costs one one-way latency). A collective
 takes ``hops * (message_s + latency_factor * latency) + bytes / (efficiency * bandwidth)``.
 What overlaps with compute follows the engine (``bagua.comm.engine``): gradient buckets leave
-in order as backward fills them (torch DDP alike), the decentralized weights leave at forward,
-the low-precision ring and qadam's momentum go after backward with nothing to hide behind, and
-async's averaging runs on its own thread, off the step.
+in order as backward fills them (torch DDP alike), and so does qadam's momentum (speculated;
+after a miss it is averaged again after backward), the decentralized weights leave at forward,
+the low-precision ring goes after backward with nothing to hide behind, and async's averaging
+runs on its own thread, off the step.
 
 Messages in sequence, per collective (1 rank per machine; ``m`` machines):
 
@@ -60,6 +61,7 @@ UINT8_BYTES_PER_ELEMENT = 1 + 8 / 1024
 GLOO_SEGMENT_BYTES = 1 << 20
 BUCKET_BYTES = 25 << 20  # both wrappers' default bucket size
 CHECK_BYTES = 18 * 8  # the agreement check's int64 header per rank
+VERDICT_BYTES = 2 * 4  # qadam's step: whether any rank skips it, whether any rank's speculation missed
 #: what each algorithm does to the training, from the time-to-accuracy runs (docs/choosing_an_algorithm.md)
 ACCURACY = {
     "torch-ddp": "exact average of the gradients (the reference)",
@@ -195,8 +197,9 @@ def message_pattern(algorithm: str, buckets: Sequence[float], world_size: int, r
     if algorithm == "low_precision_decentralized":
         neighbours = min(2, m - 1)
         return [Collective("ring exchange", neighbours * b / 4 * UINT8_BYTES_PER_ELEMENT, 1, "none") for b in buckets]
-    if algorithm == "qadam":  # the momentum of all parameters in one buffer, inside optimizer.step()
-        return [*check, _compressed(sum(buckets), m, "none", "compressed momentum allreduce")]
+    if algorithm == "qadam":  # each bucket's momentum during backward (a hit), then the ranks agree on it
+        return [*(_compressed(b, m, "backward", "compressed momentum allreduce") for b in buckets),
+                _ring(VERDICT_BYTES, m, backend, "none", "verdict allreduce")]
     return [_ring(sum(buckets), m, backend, "background", "weights allreduce")]  # async
 
 

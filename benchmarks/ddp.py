@@ -21,7 +21,13 @@ async                 bagua, background model averaging (sync_interval_ms, warmu
 qadam                 bagua, ``QAdamAlgorithm(QAdamOptimizer(lr=1e-3, warmup_steps=<warm-up>, eps=--qadam-eps))``
 onebit_grad           bagua, 1-bit (sign1) gradient allreduce with error feedback, ``warmup_steps=<warm-up>``
 local                 no wrapper, no communication: the step's compute alone (where 1 bit is compute-bound)
+qadam-nooverlap       the same with ``overlap=False`` (the momentum averaged in ``step()``, not during backward)
+qadam-clip            qadam with ``clip_grad_norm_(params, --clip-norm)`` between backward and step
+qadam-nooverlap-clip  the same with ``overlap=False``
 ====================  ========================================================================
+
+The last three run only when named (``--net-variants bytegrad qadam qadam-nooverlap qadam-clip
+qadam-nooverlap-clip``); rank 0 then logs each qadam variant's speculation hits and misses.
 
 Measured per variant: the median step time over all timed steps (each rank's median, then the max
 over ranks), the "epoch" time (the sum of the timed blocks, i.e. ``--reps * --block`` steps; max
@@ -84,7 +90,7 @@ from typing import Any, Optional, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or by torchrun
 from _jobs import import_netns, run_job, save_run, tx_bytes_reader  # noqa: E402
 from ddp_report import (  # noqa: E402
-    ALL_VARIANTS, BUFFER_VARIANTS, LABELS, NETWORK_VARIANTS, format_gpu, format_job, key_summary, plot,
+    ALL_VARIANTS, BUFFER_VARIANTS, LABELS, NETWORK_VARIANTS, QADAM_VARIANTS, format_gpu, format_job, key_summary, plot,
 )
 from step_timing import Variant, time_interleaved  # noqa: E402
 
@@ -150,21 +156,22 @@ def make_batches(dims: Sequence[int], batch: int, count: int, rank: int, device:
 
 
 def make_variant(name: str, dims: Sequence[int], warmup: int, async_interval_ms: int, device: str = "cpu",
-                 qadam_eps: float = 1e-8) -> Variant:
+                 qadam_eps: float = 1e-8, clip_norm: float = 1.0) -> Variant:
     """One of ddp.py's variants: the MLP (with BatchNorm for ``-bn``), SGD with momentum 0.9 (qadam:
-    ``QAdamOptimizer`` past ``warmup`` steps), cross-entropy on ``(x, y)`` batches."""
+    ``QAdamOptimizer`` past ``warmup`` steps), cross-entropy on ``(x, y)`` batches (``-clip``:
+    ``clip_grad_norm_(clip_norm)`` before each step)."""
     import torch
     import torch.nn.functional as F
 
     import bagua
 
     model = make_model(dims, batchnorm="-bn" in name).to(device)
-    if name == "qadam":
+    if name.startswith("qadam"):
         opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=max(1, warmup), eps=qadam_eps)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     return Variant(name, model, opt, lambda m, batch: F.cross_entropy(m(batch[0]), batch[1]), async_interval_ms, device,
-                   warmup=warmup)
+                   warmup=warmup, clip_norm=clip_norm if name.endswith("-clip") else None)
 
 
 def run_worker(args: argparse.Namespace) -> int:
@@ -192,12 +199,14 @@ def run_worker(args: argparse.Namespace) -> int:
         if rank == 0:
             print(f"[{args.setting}] {msg} ({time.monotonic() - t_start:.0f}s)", flush=True)
 
-    variants = [make_variant(name, dims, args.warmup, args.async_interval_ms, qadam_eps=args.qadam_eps)
-                for name in args.variants]
+    variants = [make_variant(name, dims, args.warmup, args.async_interval_ms, qadam_eps=args.qadam_eps,
+                             clip_norm=args.clip_norm) for name in args.variants]
     log(f"built {len(variants)} variants of a {mlp_params(dims) / 1e6:.2f}M-parameter MLP {args.mlp}")
     batches = make_batches(dims, args.batch, args.num_batches, rank)
     rows, diverged = time_interleaved(variants, batches, args.warmup, args.reps, args.block, log, tx_bytes)
     for v in variants:
+        if v.name.startswith("qadam") and not v.is_torch:
+            log(f"{v.name}: speculation {v.model.impl.speculation.stats}")
         if v.name not in diverged:
             v.close()
     if rank == 0:
@@ -292,7 +301,7 @@ def _worker_args(setting: str, link: str, rate: Optional[str], mlp: str, batch: 
     out = [str(Path(__file__).resolve()), "--worker", "--setting", setting, "--link", link, "--mlp", mlp,
            "--batch", str(batch), "--reps", str(reps), "--block", str(block), "--warmup", str(warmup),
            "--threads", str(args.threads), "--async-interval-ms", str(args.async_interval_ms),
-           "--qadam-eps", str(args.qadam_eps),
+           "--qadam-eps", str(args.qadam_eps), "--clip-norm", str(args.clip_norm),
            "--variants", *variants]
     if rate:
         out += ["--rate", rate]
@@ -378,7 +387,7 @@ def report(jobs: list[dict[str, Any]], gpu: Optional[dict[str, Any]], args: argp
     print("\n" + "=" * 110)
     print(f"Training step time, torch DDP vs bagua.DistributedDataParallel; step: median over timed steps, "
           f"max over ranks; {elapsed:.0f}s total")
-    for n in ALL_VARIANTS + BUFFER_VARIANTS:
+    for n in ALL_VARIANTS + BUFFER_VARIANTS + QADAM_VARIANTS:
         print(f"  {n:<28} {LABELS[n]}")
     for job in jobs:
         print()
@@ -421,7 +430,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=10, help="loopback repetitions (default 10)")
     p.add_argument("--block", type=int, default=5, help="loopback steps per block (default 5)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant first (default 3)")
-    p.add_argument("--variants", nargs="+", choices=ALL_VARIANTS + BUFFER_VARIANTS, default=None,
+    p.add_argument("--variants", nargs="+", choices=ALL_VARIANTS + BUFFER_VARIANTS + QADAM_VARIANTS, default=None,
                    help="variants (loopback / worker; default all ten)")
     # network
     p.add_argument("--rates", nargs="*", default=["1gbit", "100mbit"], help="tbf rates (default 1gbit 100mbit)")
@@ -431,7 +440,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--net-reps", type=int, default=2, help="network repetitions (default 2)")
     p.add_argument("--net-block", type=int, default=10, help="network steps per block (default 10: epoch = 20 steps)")
     p.add_argument("--net-warmup", type=int, default=1, help="network untimed steps per variant (default 1)")
-    p.add_argument("--net-variants", nargs="+", choices=ALL_VARIANTS + BUFFER_VARIANTS, default=None,
+    p.add_argument("--net-variants", nargs="+", choices=ALL_VARIANTS + BUFFER_VARIANTS + QADAM_VARIANTS, default=None,
                    help="network variants (default the eight without the bucket sweep)")
     p.add_argument("--per-flow-rates", nargs="*", default=["100mbit"],
                    help="per-TCP-connection caps, each a setting under --per-flow-under (default 100mbit; none: skip)")
@@ -449,6 +458,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--qadam-eps", type=float, default=1e-3,
                    help="QAdamOptimizer eps (default 1e-3: with the optimizer's own 1e-8, a 3-step warm-up "
                         "on this benchmark's random labels still diverges within ~12 steps; see RESULTS.md)")
+    p.add_argument("--clip-norm", type=float, default=1.0,
+                   help="max_norm of clip_grad_norm_ in the qadam-*clip variants (default 1.0)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per job (default 900)")
     p.add_argument("--out", default=None, help="write all results as JSON here")
     p.add_argument("--plot", default=str(DEFAULT_PLOT), help=f"plot path (default {DEFAULT_PLOT.relative_to(ROOT)})")

@@ -21,6 +21,9 @@ ALL_VARIANTS = (
 # A BatchNorm after every hidden layer, with the buffers broadcast every step (both wrappers'
 # default) and without (-nobuf): what broadcast_buffers costs each of them.
 BUFFER_VARIANTS = ("ddp-bn", "ddp-bn-nobuf", "gradient_allreduce-bn", "gradient_allreduce-bn-nobuf")
+# qadam with its momentum averaged in step() (overlap=False) instead of during backward, and each
+# with clip_grad_norm_ before every step: what the overlap buys, and what clipping costs it.
+QADAM_VARIANTS = ("qadam-nooverlap", "qadam-clip", "qadam-nooverlap-clip")
 NETWORK_VARIANTS = (
     "ddp", "ddp-fp16", "gradient_allreduce", "bytegrad", "decentralized",
     "low_precision_decentralized", "async", "qadam", "onebit_grad",
@@ -39,6 +42,9 @@ LABELS = {
     "qadam": "bagua qadam (Adam)",
     "onebit_grad": "bagua onebit_grad (1 bit, error feedback)",
     "local": "no communication (one rank's compute)",
+    "qadam-nooverlap": "bagua qadam, overlap=False (momentum averaged in step())",
+    "qadam-clip": "bagua qadam, clip_grad_norm_(--clip-norm) before each step",
+    "qadam-nooverlap-clip": "bagua qadam, overlap=False, clip_grad_norm_(--clip-norm) before each step",
     "ddp-bn": "torch DDP, BatchNorm, buffers broadcast",
     "ddp-bn-nobuf": "torch DDP, BatchNorm, broadcast_buffers=False",
     "gradient_allreduce-bn": "bagua gradient_allreduce, BatchNorm, buffers broadcast",
@@ -136,6 +142,14 @@ def key_summary(jobs: list[dict[str, Any]], gpu: Optional[dict[str, Any]]) -> tu
         for name in vs:
             if name != "ddp" and "ddp" in vs:
                 key[f"{j['setting']}_x{j['world']}_ddp_over_{name}"] = vs["ddp"]["epoch_s"] / vs[name]["epoch_s"]
+        for a, b, target in (("qadam", "bytegrad", 1.10), ("qadam-nooverlap", "bytegrad", None),
+                             ("qadam-clip", "qadam-nooverlap-clip", 1.0)):
+            if a in vs and b in vs:
+                r = vs[a]["step_s"] / vs[b]["step_s"]
+                key[f"{j['setting']}_x{j['world']}_{a}_over_{b}"] = r
+                ok = "" if target is None else f" (target <= {target:.2f}: {'met' if r <= target else 'NOT met'})"
+                lines.append(f"  {j['setting']} x{j['world']}: {a}/{b} step {r:.3f}, paired blocks "
+                             f"{_paired_ratio(j, a, b):.3f}{ok}")
         if "ddp" in vs and "bytegrad" in vs:
             sp = vs["ddp"]["epoch_s"] / vs["bytegrad"]["epoch_s"]
             lines.append(f"  {j['setting']} x{j['world']}: DDP fp32 / bytegrad epoch time {sp:.2f}x; "

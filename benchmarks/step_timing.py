@@ -16,6 +16,7 @@ ddp-fp16              torch DDP + ``default_hooks.fp16_compress_hook``
 <name>-bn[-nobuf]     the caller's model with BatchNorm (-nobuf: ``broadcast_buffers=False``)
 onebit_grad           bagua, 1-bit (sign1) gradient allreduce with error feedback, ``warmup_steps=warmup``
 local                 no wrapper, no communication: the step's compute alone
+qadam-nooverlap       qadam with ``overlap=False`` (its momentum averaged in ``step()``)
 ====================  ========================================================================
 
 async: its background thread is resumed (``algo.resume(ddp)``) before each of its blocks and
@@ -56,10 +57,11 @@ class Variant:
         init_sync: broadcast rank 0's weights at wrap time (both wrappers' default); False where
             every rank built identical ones (a slow link then does not pay a broadcast per variant).
         warmup: onebit_grad's exact warm-up steps (the caller's untimed steps).
+        clip_norm: ``clip_grad_norm_`` the gradients to this before each step (None: no clipping).
     """
 
     def __init__(self, name: str, model, optimizer, loss: Callable, async_interval_ms: int = 500,
-                 device: str = "cpu", init_sync: bool = True, warmup: int = 1):
+                 device: str = "cpu", init_sync: bool = True, warmup: int = 1, clip_norm: Optional[float] = None):
         import torch
         from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
@@ -71,6 +73,7 @@ class Variant:
         self.algo = None
         self.opt = optimizer
         self.loss = loss
+        self.clip_norm = clip_norm
         self.fused = bagua.optim.is_fused_optimizer(optimizer)
         broadcast_buffers = not name.endswith("-nobuf")
         if self.is_local:
@@ -86,7 +89,7 @@ class Variant:
         else:
             base = name.split("-")[0]
             if base == "qadam":
-                algo = bagua.algorithms.QAdamAlgorithm(optimizer)
+                algo = bagua.algorithms.QAdamAlgorithm(optimizer, overlap="-nooverlap" not in name)
             elif base == "async":
                 algo = bagua.algorithms.AsyncModelAverageAlgorithm(sync_interval_ms=async_interval_ms, warmup_steps=0)
             elif base == "onebit_grad":  # its exact warm-up: the untimed steps
@@ -107,6 +110,10 @@ class Variant:
         if not self.is_torch and not self.is_local:
             self.last_step_bytes.append(self.model.bytes_sent_last_step)
         loss.backward()
+        if self.clip_norm is not None:
+            import torch
+
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_norm)
         self.opt.fuse_step() if self.fused else self.opt.step()
 
     def begin_block(self) -> None:

@@ -26,7 +26,10 @@ Between steps the wrapper may change system parameters (``ddp.configure``, the a
 anew), and ``on_rebucket(ddp, carry)`` moves per-bucket state when the buckets are rebuilt.
 
 ``ready_on_backward(ddp)`` tells the wrapper whether this step's buckets become ready through
-backward (gradient algorithms) or through the algorithm itself (``ddp.for_algorithms.mark_all_ready()``).
+backward (gradient algorithms) or through the algorithm itself (``ddp.for_algorithms.mark_all_ready()``);
+``averages_gradients(ddp)`` whether the ops of buckets that become ready through backward average
+the gradients (default) or only read them. An algorithm whose ops change between phases (qadam's
+warm-up) appends them anew between steps with ``ddp.for_algorithms.reset_operations()``.
 
 A new algorithm is one file: subclass both and register the declarative class. See
 ``docs/writing_an_algorithm.md`` for a worked example.
@@ -124,6 +127,14 @@ class AlgorithmImpl:
     def ready_on_backward(self, ddp: "DistributedDataParallel") -> bool:
         """Whether this step's buckets become ready as backward produces gradients (default)."""
         return True
+
+    def averages_gradients(self, ddp: "DistributedDataParallel") -> bool:
+        """Whether this step's buckets average the gradients (default: whenever they become ready
+        on backward). An algorithm that only reads them as backward produces them (qadam's
+        momentum, overlapped) returns False: a parameter backward did not reach is then no
+        error and keeps its gradient as it was (None stays None), and its bucket is launched
+        at the end of backward all the same."""
+        return self.ready_on_backward(ddp)
 
     def on_forward_pre(self, ddp: "DistributedDataParallel") -> None:
         """Called before every training forward of the wrapped module (not for forwards in

@@ -1,14 +1,19 @@
 """qadam: Adam with allreduced gradients during warm-up, then 8-bit compressed momentum.
 
 During ``QAdamOptimizer``'s warm-up every bucket of gradients is allreduced exactly during
-backward, so the optimizer is plain data-parallel Adam. Afterwards nothing is communicated in
-backward: the gradients stay local, and whatever the loop does to them before the step (clipping,
-GradScaler's unscaling, accumulation over micro-batches) is what the momentum sees.
-``QAdamOptimizer.step`` updates the local momentum m ← β1·m + (1−β1)·(g + wd·x) and calls this
-algorithm's communicator (``optimizer.momentum_communicator``), which averages the momentum
-across ranks MinMaxUInt8-compressed (one buffer per dtype and device, the same layout on every
-rank); then the optimizer applies ``lr · m̂ / (sqrt(v̂) + eps)``. All ranks apply the same
+backward, so the optimizer is plain data-parallel Adam. Afterwards the gradients stay local, and
+whatever the loop does to them before the step (clipping, GradScaler's unscaling, accumulation
+over micro-batches) is what the momentum sees: ``QAdamOptimizer.step`` updates the local momentum
+m ← β1·m + (1−β1)·(g + wd·x) and this algorithm (``optimizer.momentum_communicator``) averages it
+across ranks, MinMaxUInt8-compressed, one buffer per gradient bucket with each tensor on its own
+codec blocks; then the optimizer applies ``lr · m̂ / (sqrt(v̂) + eps)``. All ranks apply the same
 averaged momentum, so they stay identical.
+
+With ``overlap=True`` (default) the averaging runs during backward: each parameter's momentum is
+computed as soon as backward has produced its gradient, each bucket's allreduce launched as soon
+as the bucket is complete, speculating that the step will see those gradients; the step checks that it does
+and otherwise averages again from what it sees, so every step has the bits of ``overlap=False``
+(``bagua.algorithms.qadam_speculation`` says how, and what the check cannot see).
 
 The momentum is averaged as m / (sqrt(v̂) + eps): the frozen variance is identical on all ranks,
 so this is the same average, and the 8-bit rounding then stays small next to each coordinate's
@@ -25,57 +30,174 @@ Example::
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
-from ..comm import BaguaProcessGroup, Bucket, ReduceOp, allreduce
-from ..comm.compressed import SEGMENT_ELEMS, compressed_allreduce
+from ..comm import BaguaProcessGroup, Bucket, Handle, ReduceOp, allreduce, compressed_allreduce
+from ..comm.checks import trusted
+from ..comm.compressed import SEGMENT_ELEMS, raise_if_nonfinite
 from ..comm.hierarchical import hierarchical_allreduce
-from ..optim.qadam import QAdamOptimizer
+from ..optim.qadam import QAdamOptimizer, decayed_gradient, new_momentum
 from .base import Algorithm, AlgorithmImpl
 from .gradient_allreduce import SEGMENT_SIZES, append_gradient_allreduce, hierarchical_node_groups
+from .qadam_speculation import Speculation
 from .tunable import Tunable
 
 COMPRESSION = "minmax_uint8"
 
 
-class QAdamImpl(AlgorithmImpl):
-    """The wrapper's hooks (warm-up: gradient allreduce) and the optimizer's ``MomentumCommunicator``."""
+class MomentumBucket:
+    """The momenta of one wrapper bucket's parameters as the ranks average them: each
+    ``m / (sqrt(v̂) + eps)`` in the flat buffer ``flat`` (tensor ``i`` from ``starts[i]``, the
+    starts of the codec blocks), then ``m`` back from the average.
 
-    def __init__(self, process_group: BaguaProcessGroup, optimizer: QAdamOptimizer, hierarchical: bool):
+    Args:
+        optimizer: the ``QAdamOptimizer`` whose state holds the momenta.
+        members: the bucket's parameters with their param groups, in bucket order.
+        name: for errors and logs.
+
+    Example::
+
+        mb = MomentumBucket(opt, [(p, group) for p in params], "bucket0")
+        mb.fill()                                                # what a step does after warm-up
+        compressed_allreduce(mb.flat, op="avg", starts=mb.starts)
+        if mb.finite():
+            mb.write_back()
+    """
+
+    def __init__(self, optimizer: QAdamOptimizer, members: list[tuple[torch.Tensor, dict]], name: str):
+        self.optimizer, self.members, self.name = optimizer, members, name
+        p0 = members[0][0]
+        self.flat = torch.empty(sum(p.numel() for p, _ in members), dtype=p0.dtype, device=p0.device)
+        self.starts, self.views = [], []
+        for p, _ in members:
+            start = self.starts[-1] + self.views[-1].numel() if self.views else 0
+            self.starts.append(start)
+            self.views.append(self.flat[start:start + p.numel()].view(p.shape))
+        #: the speculation's copies of the gradients, in this bucket's layout (allocated by the first)
+        self.grad_copies: Optional[torch.Tensor] = None
+
+    @torch.no_grad()
+    def fill(self) -> None:
+        """Each ratio from the momentum as the step left it."""
+        state = self.optimizer.state
+        for (p, group), view in zip(self.members, self.views):
+            torch.div(state[p]["exp_avg"], self.optimizer.denominator(p, group), out=view)
+
+    def finite(self) -> bool:
+        """Whether every averaged ratio is finite (NaN or Inf on any rank makes its block NaN)."""
+        # the sum first: one fast pass, where torch.isfinite() takes ~10x as long on CPU
+        return bool(self.flat.sum().isfinite()) or bool(torch.isfinite(self.flat).all())
+
+    @torch.no_grad()
+    def update_locally(self) -> None:
+        """Each momentum updated from this rank's gradient alone, as a step does before averaging."""
+        for p, group in self.members:
+            m = self.optimizer.state[p]["exp_avg"]
+            new_momentum(m, decayed_gradient(p, p.grad, group), group["betas"][0], out=m)
+
+    @torch.no_grad()
+    def write_back(self) -> None:
+        """Each momentum from its averaged ratio."""
+        state = self.optimizer.state
+        for (p, group), view in zip(self.members, self.views):
+            torch.mul(view, self.optimizer.denominator(p, group), out=state[p]["exp_avg"])
+
+
+class QAdamImpl(AlgorithmImpl):
+    """The wrapper's hooks (warm-up: gradient allreduce; then the momentum's speculation) and the
+    optimizer's ``MomentumCommunicator``."""
+
+    def __init__(self, process_group: BaguaProcessGroup, optimizer: QAdamOptimizer, hierarchical: bool,
+                 overlap: bool):
         super().__init__(process_group)
         self.node_groups = hierarchical_node_groups(process_group) if hierarchical else None
         self.optimizer = optimizer
-        # per dtype and device: the parameters with their param groups, and a scratch buffer
-        self._momentum_buffers: list[tuple[list[tuple[torch.Tensor, dict]], torch.Tensor]] = []
-        self._covered: set[int] = set()  # ids of those parameters
         self.segment_elems = SEGMENT_ELEMS  # of the compressed momentum allreduce
+        #: the momentum averaged during backward (``overlap``); ``speculation.stats`` counts its hits
+        self.speculation = Speculation(enabled=overlap)
+        self._momentum: dict[int, MomentumBucket] = {}  # by id of the wrapper's bucket, in bucket order
+        self._slots: dict[str, tuple[MomentumBucket, int]] = {}  # parameter name -> its bucket and place
+        self._groups: dict[int, dict] = {}  # id(parameter) -> its param group
+        self._covered: set[int] = set()  # ids of the parameters whose momentum is averaged
+        self._covers_all = False  # every parameter of the optimizer is
+        self._ops_in_warmup: Optional[bool] = None  # which ops the buckets carry
+        self._averaged = False  # this step's momentum came averaged from backward
+        self._in_flight: Optional[Handle] = None  # the last bucket's momentum allreduce
         optimizer.momentum_communicator = self  # the wrapper built last wins; close() detaches it
 
     # --- the wrapper's hooks ------------------------------------------------------------------
     def tensors_to_communicate(self, ddp) -> list:
-        groups = {id(p): g for g in self.optimizer.param_groups for p in g["params"]}
-        named = list(reversed(ddp.named_trainable_parameters))
-        missing = [name for name, p in named if id(p) not in groups]
+        self._groups = {id(p): g for g in self.optimizer.param_groups for p in g["params"]}
+        missing = [name for name, p in ddp.named_trainable_parameters if id(p) not in self._groups]
         if missing:
             raise ValueError(f"QAdamAlgorithm: parameters {missing[:5]} are not in the QAdamOptimizer it was given")
-        # The momentum is averaged in one buffer per dtype and device, in this order whatever the
-        # gradient buckets are (fuse_optimizer changes those), so the 8-bit blocks are the same.
-        layouts: dict[tuple, list[tuple[torch.Tensor, dict]]] = {}
-        for _, p in named:
-            layouts.setdefault((p.dtype, p.device), []).append((p, groups[id(p)]))
-        self._momentum_buffers = [
-            (params, torch.empty(sum(p.numel() for p, _ in params), dtype=dtype, device=device))
-            for (dtype, device), params in layouts.items()
-        ]
-        self._covered = {id(p) for _, p in named}
+        self._covered = {id(p) for _, p in ddp.named_trainable_parameters}
+        self._covers_all = self._covered == set(self._groups)
+        self._momentum.clear()
+        self._slots.clear()
+        self.speculation.forget()
         return super().tensors_to_communicate(ddp)
 
     def init_operations(self, ddp, bucket: Bucket) -> None:
-        append_gradient_allreduce(bucket, self.process_group, average=True, node_groups=self.node_groups)
+        names = ddp.for_algorithms.names_in(bucket)
+        params = [ddp.for_algorithms.parameter(name) for name in names]
+        momentum = MomentumBucket(self.optimizer, [(p, self._groups[id(p)]) for p in params], bucket.name)
+        self._momentum[id(bucket)] = momentum
+        self._slots.update((name, (momentum, i)) for i, name in enumerate(names))
+        self.speculation.forget()
+        self._ops_in_warmup = self.optimizer.in_warmup
+        if self._ops_in_warmup:
+            append_gradient_allreduce(bucket, self.process_group, average=True, node_groups=self.node_groups)
+        else:
+            bucket.append_op(lambda _: self._average(momentum, ahead=True), f"speculated_momentum_allreduce[{COMPRESSION}]")
+
+    def on_tensor_ready(self, ddp, name: str, param: torch.nn.Parameter) -> None:
+        if not self.optimizer.in_warmup and self.speculation.active:  # its momentum now, while backward goes on
+            self.speculation.speculate(*self._slots[name])
+        super().on_tensor_ready(ddp, name, param)
+
+    def _average(self, momentum: MomentumBucket, ahead: bool) -> Optional[Handle]:
+        """Fill ``momentum``'s ratios (``ahead``: those backward's hooks have not, from the gradients
+        as they are, speculating) and launch their allreduce once the previous bucket's has finished:
+        one in flight at a time. Returns its handle, unfinished."""
+        if ahead:
+            self.speculation.complete(momentum)
+        else:
+            momentum.fill()
+        self._finish_in_flight()
+        if self.node_groups is not None:
+            hierarchical_allreduce(momentum.flat, op=ReduceOp.AVG, compression=COMPRESSION, nonfinite="propagate",
+                                   groups=self.node_groups, starts=momentum.starts, segment_elems=self.segment_elems)
+            self._in_flight = None
+        else:
+            self._in_flight = compressed_allreduce(momentum.flat, op=ReduceOp.AVG, codec=COMPRESSION,
+                                                   group=self.process_group, async_op=True, nonfinite="propagate",
+                                                   starts=momentum.starts, segment_elems=self.segment_elems)
+        return self._in_flight
+
+    def _finish_in_flight(self) -> None:
+        if self._in_flight is not None:
+            self._in_flight.wait()  # a no-op when the engine has waited for it already
+
+    def _follow_phase(self, ddp) -> None:
+        """Between steps: give the buckets the ops of the optimizer's phase (warm-up or not)."""
+        if self.optimizer.in_warmup != self._ops_in_warmup:
+            ddp.for_algorithms.reset_operations()
+
+    def on_forward_pre(self, ddp) -> None:
+        self._follow_phase(ddp)  # a checkpoint loaded since the last step may have changed it
+
+    def on_optimizer_step_post(self, ddp) -> None:
+        self._follow_phase(ddp)
+
+    def on_weights_loaded(self, ddp) -> None:
+        self.speculation.forget()
 
     def tunables(self, ddp) -> dict[str, Tunable]:
-        """The bucket size (warm-up's gradient buckets) and the segment size of the momentum's
-        compressed allreduce, whose buffers do not follow the buckets."""
+        """The bucket size and the segment size of the momentum's compressed allreduce (each
+        tensor is quantized on its own blocks, whatever bucket or segment it travels in)."""
         return {**super().tunables(ddp), "segment_elems": Tunable(SEGMENT_SIZES, self.segment_elems)}
 
     def set_tunable(self, ddp, name: str, value: object) -> None:
@@ -85,70 +207,87 @@ class QAdamImpl(AlgorithmImpl):
             super().set_tunable(ddp, name, value)
 
     def ready_on_backward(self, ddp) -> bool:
-        # the optimizer's step count: the same for every backward of one step (accumulation)
+        # the optimizer's step count and the speculation's state: the same for every backward of one step
+        return self.optimizer.in_warmup or self.speculation.active
+
+    def averages_gradients(self, ddp) -> bool:
         return self.optimizer.in_warmup
 
     def close(self, ddp) -> None:
+        self.speculation.forget()
         if self.optimizer.momentum_communicator is self:
             self.optimizer.momentum_communicator = None
 
     # --- MomentumCommunicator (called by QAdamOptimizer.step after warm-up) -----------------------
-    def any_rank(self, flag: bool) -> bool:
-        verdict = torch.tensor([float(flag)])
-        allreduce(verdict, op=ReduceOp.MAX, group=self.process_group)
-        return bool(verdict.item())
+    def begin_step(self, found_inf: Optional[bool], scaled: bool) -> bool:
+        speculated = self.speculation.active
+        skip = bool(found_inf)
+        hit = speculated and self.speculation.holds(list(self._momentum.values()), scaled)
+        if speculated or found_inf is not None:  # one small allreduce: every rank skips or hits alike
+            verdict = torch.tensor([float(skip), float(not hit)])
+            with trusted():  # every rank calls it at the same point of the same step
+                allreduce(verdict, op=ReduceOp.MAX, group=self.process_group)
+            skip, hit = bool(verdict[0]), hit and not verdict.any()
+        self.speculation.conclude(speculated, hit)
+        self._averaged = hit
+        return skip
 
     def covers(self, p: torch.Tensor) -> bool:
         return id(p) in self._covered
 
+    def averaged_already(self, p: torch.Tensor) -> bool:
+        return self._averaged and (self._covers_all or id(p) in self._covered)
+
     @torch.no_grad()
     def average_momentum(self) -> None:
-        state = self.optimizer.state
-        for params, scratch in self._momentum_buffers:
-            views, offset = [], 0
-            for p, group in params:
-                m = state[p]["exp_avg"]
-                denom = self.optimizer.denominator(p, group)
-                view = scratch[offset : offset + m.numel()].view(m.shape)
-                torch.div(m, denom, out=view)
-                views.append((m, denom, view))
-                offset += m.numel()
-            if self.node_groups is not None:
-                hierarchical_allreduce(scratch, op=ReduceOp.AVG, compression=COMPRESSION, groups=self.node_groups,
-                                       segment_elems=self.segment_elems)
-            else:
-                compressed_allreduce(scratch, op=ReduceOp.AVG, codec=COMPRESSION, group=self.process_group,
-                                     segment_elems=self.segment_elems)
-            for m, denom, view in views:
-                torch.mul(view, denom, out=m)
+        buckets = list(self._momentum.values())
+        if not self._averaged:
+            with trusted():  # the buckets' layout was checked across ranks when the wrapper built them
+                for momentum in buckets:
+                    self._average(momentum, ahead=False)
+                self._finish_in_flight()
+        for k, momentum in enumerate(buckets):
+            if not momentum.finite():
+                if self._averaged:  # leave the momenta as averaging in step() does: updated, not yet averaged
+                    for rest in buckets[k:]:
+                        rest.update_locally()
+                raise_if_nonfinite(f"qadam's momentum allreduce ({momentum.name})", momentum.flat)
+            momentum.write_back()
 
 
 @Algorithm.register("qadam")
 class QAdamAlgorithm(Algorithm):
-    """QAdam: exact gradient averaging during warm-up, then compressed momentum averaging in
-    ``QAdamOptimizer.step`` (see the module docstring and ``bagua.optim.QAdamOptimizer``).
+    """QAdam: exact gradient averaging during warm-up, then compressed momentum averaging, during
+    backward (``overlap``) or in ``QAdamOptimizer.step`` (see the module docstring and
+    ``bagua.optim.QAdamOptimizer``).
 
     Args:
         q_adam_optimizer: the ``bagua.optim.QAdamOptimizer`` that steps the model. The wrapper
             attaches to it until ``close()`` (one at a time: the one built last).
         hierarchical: exact within nodes, compressed across node leaders.
+        overlap: after warm-up, average each bucket's momentum during backward, speculatively
+            (``bagua.algorithms.qadam_speculation``): the same bits as ``overlap=False``, which
+            averages in ``step()``, in every loop but those that write into the parameters or
+            the optimizer's state between backward and step past the version counters.
 
     Example::
 
         opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=100)
         model = bagua.DistributedDataParallel(model, [opt], QAdamAlgorithm(opt))
         model = bagua.DistributedDataParallel(model, [opt], "qadam", hierarchical=True)   # the same, by name
+        model = bagua.DistributedDataParallel(model, [opt], QAdamAlgorithm(opt, overlap=False))  # in step() only
     """
 
     optimizer_class = QAdamOptimizer  # by name: the wrapper's one QAdamOptimizer
 
-    def __init__(self, q_adam_optimizer: QAdamOptimizer, hierarchical: bool = False):
+    def __init__(self, q_adam_optimizer: QAdamOptimizer, hierarchical: bool = False, overlap: bool = True):
         if not isinstance(q_adam_optimizer, QAdamOptimizer):
             raise TypeError(
                 f"QAdamAlgorithm needs a bagua.optim.QAdamOptimizer, got {type(q_adam_optimizer).__name__}"
             )
         self.optimizer = q_adam_optimizer
         self.hierarchical = bool(hierarchical)
+        self.overlap = bool(overlap)
 
     def reify(self, process_group: BaguaProcessGroup) -> AlgorithmImpl:
-        return QAdamImpl(process_group, self.optimizer, self.hierarchical)
+        return QAdamImpl(process_group, self.optimizer, self.hierarchical, self.overlap)

@@ -91,9 +91,13 @@ class Engine:
         self._stream = None
         if any(b.device.type == "cuda" for b in self.buckets):
             self._stream = torch.cuda.Stream(device=self.buckets[0].device)
+        self.chains_changed()
+        self._reset()
+
+    def chains_changed(self) -> None:
+        """Take note that the buckets' ops were appended anew (between steps)."""
         #: whether chains are enqueued on the marking thread (see the module docstring)
         self.inline = all(b.launches_only for b in self.buckets)
-        self._reset()
 
     def _verify_layout(self, group: BaguaProcessGroup) -> None:
         if group.size == 1:

@@ -21,7 +21,10 @@ When the variance freezes (right after the last warm-up step) each tensor's v is
   did within 5 steps).
 
 Each step then divides by sqrt(v̂) of a floored v, so no coordinate's update can blow up the
-8-bit rounding noise of the momentum averaging (which is done on m / (sqrt(v̂) + eps)).
+8-bit rounding noise of the momentum averaging (which is done on m / (sqrt(v̂) + eps)). That
+frozen denominator is computed once and kept: ``load_state_dict`` and in-place writes through
+``state[p]["exp_avg_sq"]`` (of an unfused optimizer: they bump its version counter) recompute it,
+a write through ``.data`` does not.
 
 Deviations from the QAdam / 1-bit Adam papers and from the original Bagua, on purpose: the
 momentum is computed in ``step`` from the processed gradient (the original computed it in
@@ -66,15 +69,46 @@ class MomentumCommunicator(Protocol):
     """What ``QAdamOptimizer.step`` calls after warm-up when set as ``momentum_communicator``
     (``QAdamAlgorithm`` installs one). Every rank calls the methods in the same order."""
 
-    def any_rank(self, flag: bool) -> bool:
-        """Whether ``flag`` is true on any rank (a skipped step must be skipped everywhere)."""
+    def begin_step(self, found_inf: Optional[bool], scaled: bool) -> bool:
+        """Begin a step on every rank alike; whether every rank skips it. ``found_inf``: whether
+        this rank's gradients overflowed (a ``GradScaler`` step; None without one): a step is
+        skipped everywhere when it overflowed anywhere. ``scaled``: the gradients still carry the
+        loss scale, which this step divides out."""
 
     def covers(self, p: torch.Tensor) -> bool:
         """Whether ``p``'s momentum is averaged: then ``p`` steps on every rank, a gradient that
         is None on this rank (a parameter unused here this step) counting as zero."""
 
+    def averaged_already(self, p: torch.Tensor) -> bool:
+        """Whether ``p``'s momentum of this step is averaged already (computed during backward
+        from the gradient ``p`` has now): the step leaves it to ``average_momentum``."""
+
     def average_momentum(self) -> None:
-        """Replace every parameter's ``exp_avg`` by its average over the ranks, in place."""
+        """Replace every covered parameter's ``exp_avg`` by its average over the ranks, in place."""
+
+
+def decayed_gradient(p: torch.Tensor, grad: Optional[torch.Tensor], group: dict) -> torch.Tensor:
+    """The gradient a step applies to ``p`` whose gradient is ``grad`` (zeros when None): plus the
+    group's L2 weight decay ``wd·p``.
+
+    Example::
+
+        g = decayed_gradient(p, p.grad, opt.param_groups[0])
+    """
+    g = torch.zeros_like(p) if grad is None else grad
+    return g.add(p, alpha=group["weight_decay"]) if group["weight_decay"] else g
+
+
+def new_momentum(m: torch.Tensor, g: torch.Tensor, beta1: float, out: torch.Tensor) -> torch.Tensor:
+    """``out ← β1·m + (1−β1)·g`` (``out`` may be ``m``), as ``torch.optim.Adam`` computes it (one
+    ``lerp``): the one expression of the momentum update, so that a momentum computed ahead
+    (``QAdamAlgorithm``'s overlap) has the step's bits.
+
+    Example::
+
+        new_momentum(m, g, 0.9, out=m)     # in place, as a step does
+    """
+    return torch.lerp(m, g, 1 - beta1, out=out)
 
 
 class QAdamOptimizer(torch.optim.Optimizer):
@@ -132,6 +166,7 @@ class QAdamOptimizer(torch.optim.Optimizer):
         # hook, because fuse_step runs step() on flat runs spanning many tensors (a per-tensor mean
         # cannot be taken there) and the hooks around it, on the parameters themselves.
         self._freeze_pending = False
+        self._frozen = _FrozenDenominators()
         self.register_step_post_hook(_freeze_variance)
 
     # --- pickling / checkpoints ---------------------------------------------------------------
@@ -161,6 +196,7 @@ class QAdamOptimizer(torch.optim.Optimizer):
         super().load_state_dict({k: v for k, v in state_dict.items() if k != "step_count"})
         self.step_count = int(step_count)
         self._freeze_pending = False  # a state saved after the last warm-up step is already floored
+        self._frozen.clear()
 
     # --- the update ---------------------------------------------------------------------------
     @property
@@ -170,9 +206,12 @@ class QAdamOptimizer(torch.optim.Optimizer):
 
     def denominator(self, p: torch.Tensor, group: dict, t: Optional[int] = None) -> torch.Tensor:
         """``sqrt(v / (1 - beta2^t)) + eps`` for ``p``; without ``t``, the frozen denominator
-        of every step after warm-up (``t = warmup_steps``, v floored when it froze)."""
-        t = self.warmup_steps if t is None else t
-        return (self.state[p]["exp_avg_sq"] / (1 - group["betas"][1] ** t)).sqrt_().add_(group["eps"])
+        of every step after warm-up (``t = warmup_steps``, v floored when it froze), computed
+        once and kept (read it, never write it)."""
+        beta2, eps = group["betas"][1], group["eps"]
+        if t is None:
+            return self._frozen.get(self.state[p]["exp_avg_sq"], beta2, eps, self.warmup_steps)
+        return (self.state[p]["exp_avg_sq"] / (1 - beta2 ** t)).sqrt_().add_(eps)
 
     @torch.no_grad()
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
@@ -195,12 +234,12 @@ class QAdamOptimizer(torch.optim.Optimizer):
         warmup = self.in_warmup
         communicator = None if warmup else self.momentum_communicator
         found_inf = getattr(self, "found_inf", None)  # set by GradScaler.step for this call
-        if found_inf is not None:
-            skip = bool(found_inf.item())
-            if communicator is not None:  # in warm-up the averaged gradients overflowed on all ranks alike
-                skip = communicator.any_rank(skip)
-            if skip:
-                return loss
+        grad_scale = getattr(self, "grad_scale", None)
+        skip = found_inf is not None and bool(found_inf.item())
+        if communicator is not None:  # in warm-up the averaged gradients overflowed on all ranks alike
+            skip = communicator.begin_step(None if found_inf is None else skip, scaled=grad_scale is not None)
+        if skip:
+            return loss
         params = [
             (p, group) for group in self.param_groups for p in group["params"]
             if p.grad is not None or (communicator is not None and communicator.covers(p))
@@ -208,19 +247,18 @@ class QAdamOptimizer(torch.optim.Optimizer):
         grads = [p.grad for p, _ in params if p.grad is not None]
         if any(g.is_sparse for g in grads):
             raise RuntimeError("QAdamOptimizer does not support sparse gradients")
-        grad_scale = getattr(self, "grad_scale", None)
         if grad_scale is not None and grads:
             inv_scale = float(grad_scale.double().reciprocal().float())  # as GradScaler.unscale_
             torch._foreach_mul_(grads, inv_scale)
         self.step_count += 1
         t = self.step_count
         for p, group in params:
-            beta1, beta2 = group["betas"]
-            g = torch.zeros_like(p) if p.grad is None else p.grad
-            if group["weight_decay"]:
-                g = g.add(p, alpha=group["weight_decay"])
-            self.state[p]["exp_avg"].mul_(beta1).add_(g, alpha=1 - beta1)
+            if communicator is not None and communicator.averaged_already(p):
+                continue
+            g = decayed_gradient(p, p.grad, group)
+            new_momentum(self.state[p]["exp_avg"], g, group["betas"][0], out=self.state[p]["exp_avg"])
             if warmup:
+                beta2 = group["betas"][1]
                 self.state[p]["exp_avg_sq"].mul_(beta2).addcmul_(g, g, value=1 - beta2)
         if communicator is not None:
             communicator.average_momentum()
@@ -250,6 +288,31 @@ def _freeze_variance(optimizer: QAdamOptimizer, args: tuple, kwargs: dict) -> No
         mean = v.sum() / n if n else fallback
         unknown = v == 0
         v.clamp_(min=VARIANCE_FLOOR * mean).masked_fill_(unknown, mean)
+    optimizer._frozen.clear()
 
 
-__all__ = ["MomentumCommunicator", "QAdamOptimizer"]
+class _FrozenDenominators:
+    """The frozen denominators ``sqrt(v / (1 - beta2^T)) + eps`` after warm-up, computed once per
+    storage of ``exp_avg_sq`` tensors (a parameter's own, or a fused optimizer's flat buffer, whose
+    runs and parameters then share it) instead of four passes over v each time a step needs them.
+    An entry is kept while beta2, eps and T are, and the version counter of the tensor it was
+    computed for; the optimizer clears them where it writes v (the freeze, ``load_state_dict``)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple] = {}  # storage address -> (v, its version, settings, denominators)
+
+    def get(self, v: torch.Tensor, beta2: float, eps: float, t: int) -> torch.Tensor:
+        storage = v.untyped_storage()
+        settings = (beta2, eps, t, v.dtype, storage.nbytes())
+        entry = self._entries.get(storage.data_ptr())
+        if entry is None or entry[2] != settings or entry[0]._version != entry[1]:
+            whole = v.new_empty(0).set_(storage, 0, (storage.nbytes() // v.element_size(),))
+            entry = (v, v._version, settings, (whole / (1 - beta2 ** t)).sqrt_().add_(eps))
+            self._entries[storage.data_ptr()] = entry
+        return entry[3].as_strided(v.shape, v.stride(), v.storage_offset())
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+__all__ = ["MomentumCommunicator", "QAdamOptimizer", "decayed_gradient", "new_momentum"]

@@ -90,9 +90,7 @@ def configure(ddp: "DistributedDataParallel", settings: dict[str, Any]) -> None:
     if size != ddp.bucket_size_bytes:
         _rebuild(ddp, size)
     elif ops_changed:
-        for bucket in ddp.buckets:
-            bucket.clear_ops()
-            ddp.impl.init_operations(ddp, bucket)
+        ddp.for_algorithms.reset_operations()
 
 
 def rebucket(ddp: "DistributedDataParallel", bucket_size_bytes: int) -> None:

@@ -376,23 +376,26 @@ class DistributedDataParallel(torch.nn.Module):
         self._callback_queued = False
         self._sync_backward = False
         try:
-            unused: list[str] = []
-            if self.impl.ready_on_backward(self):
-                unused = [n for n in self._slot if n not in self._marked]
-                if unused and not self.find_unused_parameters:
-                    bucketing.restore_unreached(self, self._preset, set(unused))
-                    self._drain_engine()
-                    raise RuntimeError(
-                        f"bagua.DistributedDataParallel: {len(unused)} parameter(s) got no gradient in this "
-                        f"step ({', '.join(unused[:5])}{', ...' if len(unused) > 5 else ''}); pass "
-                        f"find_unused_parameters=True if parts of the model are skipped on purpose"
-                    )
-                for name in unused:  # they count as zero (or as what they accumulated) this step
+            ready = self.impl.ready_on_backward(self)
+            averaged = ready and self.impl.averages_gradients(self)
+            unused = [n for n in self._slot if n not in self._marked] if ready else []
+            if unused and averaged and not self.find_unused_parameters:
+                bucketing.restore_unreached(self, self._preset, set(unused))
+                self._drain_engine()
+                raise RuntimeError(
+                    f"bagua.DistributedDataParallel: {len(unused)} parameter(s) got no gradient in this "
+                    f"step ({', '.join(unused[:5])}{', ...' if len(unused) > 5 else ''}); pass "
+                    f"find_unused_parameters=True if parts of the model are skipped on purpose"
+                )
+            if not averaged:  # the gradients stay this rank's own: what backward did not reach has none
+                bucketing.restore_unreached(self, self._preset, set(self._preset) - self._used)
+            for name in unused:  # averaged: they count as zero (or as what they accumulated) this step
+                if averaged:
                     unused_parameters.contribute(self, name)
-                    self.for_algorithms.mark_ready(name)
+                self.for_algorithms.mark_ready(name)
             if self._marked:
                 self.engine.wait()
-            if self.find_unused_parameters and self.impl.ready_on_backward(self):
+            if self.find_unused_parameters and averaged:
                 unused_parameters.adopt_averaged_gradients(self, unused, self._preset)
         finally:
             self._marked.clear()

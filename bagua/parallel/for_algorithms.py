@@ -94,6 +94,22 @@ class ForAlgorithms:
             if name not in self._ddp._marked:
                 self.mark_ready(name)
 
+    def reset_operations(self) -> None:
+        """Append every bucket's ops anew (``impl.init_operations``), between steps: for an
+        algorithm whose ops depend on its phase (qadam: gradients in warm-up, momentum after it).
+
+        Example::
+
+            def on_optimizer_step_post(self, ddp):
+                if self.phase_changed():
+                    ddp.for_algorithms.reset_operations()
+        """
+        ddp = self._ddp
+        for bucket in ddp.buckets:
+            bucket.clear_ops()
+            ddp.impl.init_operations(ddp, bucket)
+        ddp.engine.chains_changed()
+
     def communicate_all(self) -> None:
         """Run every bucket's ops now, in bucket order, and wait for them (for algorithms that
         communicate outside backward, e.g. after the optimizer step).

@@ -8,6 +8,8 @@ loops; the tests then assert, per cell, the strongest property that holds for th
 - **bit-equal to the same algorithm's plain loop with the same effective gradients**
   (GradScaler's power-of-two scaling, closures, evaluation forwards, a user's collective,
   a resumed checkpoint, a step that raised): every deterministic algorithm;
+- **bit-equal between qadam's two ways** of averaging its momentum (during backward,
+  speculatively, and in ``step()``), in every column;
 - **close to the plain loop with one big batch** (accumulation: only the summation order differs);
 - onebit_grad (1 bit with error feedback) is deterministic too, its residuals saved per rank and
   carried by rebucketing: bit-equal to its plain loop, and under GradScaler to a loop without
@@ -48,6 +50,10 @@ ROWS = {
     "bytegrad+autotune": lambda opt: "bytegrad",
     "onebit_grad+autotune": lambda opt: bagua.algorithms.OneBitGradAlgorithm(warmup_steps=1),
 }
+# qadam averaging its momentum in step() instead of during backward: the qadam row runs every
+# column this way too, and each result must have the very bits of the overlapped one
+EXACT_QADAM = "qadam+no_overlap"
+ALGORITHMS = {**ROWS, EXACT_QADAM: lambda opt: bagua.algorithms.QAdamAlgorithm(opt, overlap=False)}
 TUNING = bagua.AutotuneConfig(max_trials=3, steps_per_trial=1, warmup_steps=0, space={"bucket_size_bytes": (64, 256)})
 DETERMINISTIC = [name for name in ROWS if name != "async"]
 # replicas differ across ranks by design: a checkpoint holds each rank's own weights, which the
@@ -98,7 +104,7 @@ class _Run:
     def __init__(self, row: str, fused: bool, model: torch.nn.Module | None = None, wrap: bool = True):
         self.row, self.fused = row, fused
         self.model = model if model is not None else _Net()
-        if row == "qadam":
+        if _algorithm(row) == "qadam":
             self.opt = bagua.optim.QAdamOptimizer(self.model.parameters(), lr=0.01, warmup_steps=2)
         else:
             self.opt = torch.optim.SGD(self.model.parameters(), lr=0.05, momentum=0.9)
@@ -107,7 +113,7 @@ class _Run:
         self.ddp = self.wrap() if wrap else None
 
     def wrap(self, init_sync: bool = True) -> bagua.DistributedDataParallel:
-        self.ddp = bagua.DistributedDataParallel(self.model, [self.opt], algorithm=ROWS[self.row](self.opt),
+        self.ddp = bagua.DistributedDataParallel(self.model, [self.opt], algorithm=ALGORITHMS[self.row](self.opt),
                                                  init_sync=init_sync,
                                                  autotune=TUNING if self.row.endswith("+autotune") else None)
         return self.ddp
@@ -361,8 +367,8 @@ def _torch_ddp(rank, loop: str):
     return _params(model)
 
 
-def _row_job(rank: int, row: str, fused: bool) -> dict:
-    out = {
+def _columns(rank: int, row: str, fused: bool) -> dict:
+    return {
         "plain": _plain(rank, row, fused),
         "closure": _closure(rank, row, fused),
         "eval": _eval_forwards(rank, row, fused),
@@ -379,11 +385,19 @@ def _row_job(rank: int, row: str, fused: bool) -> dict:
         "bf16": _bf16(rank, row, fused),
         "batchnorm": _batchnorm(rank, row, fused),
     }
+
+
+def _row_job(rank: int, row: str, fused: bool) -> dict:
+    out = _columns(rank, row, fused)
+    if row == "qadam":
+        out[EXACT_QADAM] = _columns(rank, EXACT_QADAM, fused)
     big = _Run(row, fused)  # accumulation's reference: one batch of both halves, one step each
     big.train(_batches(rank))
     out["plain_steps"] = big.ddp.step
     if _algorithm(row) == "onebit_grad":
         out["skip_batch_two"] = _skipping_batch_two(rank, row, fused)
+    if row == "qadam":
+        out["speculation"] = big.ddp.impl.speculation.stats
     out["bucket_sizes"] = [entry["config"]["bucket_size_bytes"] for entry in big.ddp.autotune_log]
     if _algorithm(row) == "gradient_allreduce" and not fused:
         out["torch"] = {loop: _torch_ddp(rank, loop) for loop in ("plain", "clip", "scaler", "bf16")}
@@ -527,6 +541,26 @@ def test_gradient_allreduce_is_bit_equal_to_torch_ddp(row):
         assert torch.equal(r["clip"][0], r["torch"]["clip"])
         assert torch.equal(r["scaler"][0], r["torch"]["scaler"])
         assert torch.equal(r["bf16"], r["torch"]["bf16"])
+
+
+def _tensors(result) -> list[torch.Tensor]:
+    """The tensors of a column's result (parameters, outputs, buffers), in order."""
+    if isinstance(result, torch.Tensor):
+        return [result]
+    if isinstance(result, (list, tuple)):
+        return [t for item in result for t in _tensors(item)]
+    return []
+
+
+def test_overlapped_momentum_has_the_bits_of_averaging_in_step_in_every_column(row):
+    name, _, results = row
+    if EXACT_QADAM not in results[0]:
+        pytest.skip("the qadam row runs each column both ways")
+    for r in results:
+        assert r["speculation"].hits == STEPS - 2  # the plain loop's steps after warm-up: the overlap was taken
+        for column, exact in r[EXACT_QADAM].items():
+            ours, theirs = _tensors(r[column]), _tensors(exact)
+            assert len(ours) == len(theirs) and all(map(torch.equal, ours, theirs)), column
 
 
 def test_replicas_stay_identical(row):

@@ -8,6 +8,8 @@
 - One rank on NCCL: bit-equal to torch DDP on the same loop, with the fused optimizer's Triton
   kernel in the loop.
 - SyncBatchNorm on CUDA tensors against BatchNorm over the whole batch.
+- qadam's momentum averaged during backward (on the engine's side stream) against averaged in
+  ``step()``: the same bits.
 """
 
 from __future__ import annotations
@@ -125,6 +127,36 @@ def test_one_rank_on_nccl_equals_torch_ddp():
     (res,) = run_ranks(_nccl_one_rank, 1, init_kwargs={}, timeout=90)
     assert torch.equal(res["bagua"], res["torch"])
     assert res["kernel_updates"] > 0
+
+
+def _qadam_both_ways(rank: int) -> dict:
+    """qadam's momentum averaged during backward on the engine's side stream, and in step(): 8
+    steps, clipping every third one hard (a miss), fused."""
+    out = {}
+    for overlap in (True, False):
+        model = _model("cuda")
+        opt = bagua.optim.fuse_optimizer(_optimizer("qadam", model))
+        ddp = bagua.DistributedDataParallel(model, [opt], bagua.algorithms.QAdamAlgorithm(opt, overlap=overlap),
+                                            bucket_size_bytes=8192)
+        for step, (x, y) in enumerate(_batches(rank, "cuda") * 2):
+            opt.zero_grad()
+            F.cross_entropy(ddp(x), y).backward()
+            if step % 3 == 2:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+            opt.fuse_step()
+        torch.cuda.synchronize()
+        out[overlap] = (torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()]), ddp.impl.speculation.stats)
+        ddp.close()
+    return out
+
+
+def test_qadam_overlapped_on_cuda_has_the_bits_of_averaging_in_step():
+    results = run_ranks(_qadam_both_ways, 2, init_kwargs={"backend": "gloo"}, timeout=120)
+    for r in results:
+        assert torch.equal(r[True][0], r[False][0])
+        stats = r[True][1]  # steps 3-8 after warm-up: hits, misses on the clipped ones (and a pause after each)
+        assert stats.hits >= 2 and stats.misses >= 1, stats
+    assert torch.equal(results[0][True][0], results[1][True][0])
 
 
 def _sync_batchnorm(rank: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,210 @@
+"""qadam's momentum averaged during backward, speculatively: where the speculation hits, where it
+misses, and that every loop ends with the bits of averaging in ``step()`` (``overlap=False``).
+
+One spawned job (2 ranks, Gloo) runs each loop both ways. Warm-up is 2 steps, then 4 steps whose
+momentum is averaged; a miss pauses speculation for 1 step, then 2 (``MAX_PAUSE`` grows it up
+to 64), so a loop that misses every time misses at its 1st and 3rd step after warm-up.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import bagua
+from tests.harness import run_ranks
+
+WARMUP, STEPS = 2, 6
+AFTER_WARMUP = STEPS - WARMUP
+# the autotuner rebuilds the buckets at step boundaries, after warm-up too
+TUNING = bagua.AutotuneConfig(max_trials=4, steps_per_trial=1, warmup_steps=1, space={"bucket_size_bytes": (64, 256)})
+
+
+class _Net(torch.nn.Module):
+    """A small MLP, optionally with a second head that a forward uses when asked (``extra``)."""
+
+    def __init__(self, extra_head: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.Tanh(), torch.nn.Linear(32, 16), torch.nn.Tanh())
+        self.head = torch.nn.Linear(16, 3)
+        self.extra = torch.nn.Linear(16, 3) if extra_head else None
+
+    def forward(self, x, extra: bool = False):
+        h = self.body(x)
+        return self.head(h) + self.extra(h) if extra else self.head(h)
+
+
+def _clip(max_norm):
+    return lambda ctx: torch.nn.utils.clip_grad_norm_(ctx["model"].parameters(), max_norm)
+
+
+def _edit_through_data(ctx):
+    for p in ctx["model"].parameters():
+        p.grad.data.mul_(0.5)  # bumps a counter of its own, none that p.grad shows
+
+
+def _another_backward_without_sync(ctx):
+    ddp, (x, y) = ctx["ddp"], ctx["batch"]
+    with ddp.no_sync():
+        F.cross_entropy(ddp(x * 2), y).backward()
+
+
+# what the loop does between backward and step, after warm-up
+BETWEEN = {
+    "plain": None,
+    "clip_binding": _clip(1e-3),
+    "clip_never_binding": _clip(1e6),  # multiplies every gradient by 1.0: no bit changes, a hit
+    "grad_data_edit": _edit_through_data,
+    "zero_grad": lambda ctx: ctx["opt"].zero_grad(set_to_none=False),
+    "further_backward_under_no_sync": _another_backward_without_sync,
+}
+
+
+def _loop(rank: int, overlap: bool, between=None, *, scaler: str = "", accumulate: bool = False,
+          fused: bool = False, unused: bool = False, rebucket: bool = False, hierarchical: bool = False,
+          nan: bool = False, autotune: bool = False) -> dict:
+    model = _Net(extra_head=unused)  # used by every rank in warm-up, then by rank 0 alone
+    opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=WARMUP, weight_decay=0.01)
+    if fused:
+        opt = bagua.optim.fuse_optimizer(opt)
+    algorithm = bagua.algorithms.QAdamAlgorithm(opt, overlap=overlap, hierarchical=hierarchical)
+    ddp = bagua.DistributedDataParallel(model, [opt], algorithm, find_unused_parameters=unused, bucket_size_bytes=1024,
+                                        autotune=TUNING if autotune else None)
+    grad_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10) if scaler else None
+    g = torch.Generator().manual_seed(rank)
+    extra_grads = []
+    for step in range(STEPS):
+        x = torch.randn(8, 12, generator=g)
+        y = x[:, :3].argmax(dim=1)
+        opt.zero_grad()
+        if rebucket and step == WARMUP + 1:
+            ddp.rebucket(4096)
+            ddp.configure(segment_elems=1 << 16)
+        extra = unused and (step < WARMUP or rank == 0)
+        parts = 2 if accumulate else 1  # accumulation without no_sync: each backward synced
+        for xs, ys in zip(x.chunk(parts), y.chunk(parts)):
+            loss = F.cross_entropy(ddp(xs, extra), ys) / parts
+            if (scaler == "overflow" or nan) and step == WARMUP + 1 and rank == 1:
+                loss = loss * float("inf" if scaler else "nan")
+            (grad_scaler.scale(loss) if grad_scaler else loss).backward()
+        if step >= WARMUP:
+            if scaler == "unscale_":
+                grad_scaler.unscale_(opt)
+            if between is not None:
+                between(dict(model=model, opt=opt, ddp=ddp, batch=(x, y)))
+        extra_grads.append(unused and model.extra.weight.grad is None)
+        try:
+            if grad_scaler is not None:
+                grad_scaler.step(opt)
+                grad_scaler.update()
+            else:
+                opt.fuse_step() if fused else opt.step()
+        except ValueError as error:  # a NaN on one rank: every rank raises, and keeps what the step left
+            assert nan and "NaN or Inf" in str(error), error
+            break
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+    momentum = torch.cat([opt.state[p]["exp_avg"].reshape(-1) for p in model.parameters()]).clone()
+    stats = ddp.impl.speculation.stats
+    ddp.close()
+    return dict(params=params, momentum=momentum, stats=stats, extra_grad_none=extra_grads, steps=step + 1)
+
+
+LOOPS = {
+    **{name: dict(between=between) for name, between in BETWEEN.items()},
+    "accumulation_without_no_sync": dict(accumulate=True),
+    "grad_scaler_unscale_": dict(scaler="unscale_"),
+    "grad_scaler_still_scaled": dict(scaler="scaled"),
+    "grad_scaler_skips_a_step": dict(scaler="overflow"),
+    "fused": dict(fused=True),
+    "unused_on_one_rank": dict(unused=True),
+    "rebucketed_mid_run": dict(rebucket=True),
+    "autotuned": dict(autotune=True),
+    "nan_on_one_rank_raises": dict(nan=True),
+}
+
+
+def _job(rank: int) -> dict:
+    records: list[str] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: records.append(record.getMessage())
+    log = logging.getLogger("bagua.algorithms.qadam_speculation")
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    out = {name: {overlap: _loop(rank, overlap, **kw) for overlap in (True, False)} for name, kw in LOOPS.items()}
+    out["debug_log"] = records
+    return out
+
+
+def _hierarchical_job(rank: int) -> dict:
+    return {overlap: _loop(rank, overlap, hierarchical=True) for overlap in (True, False)}
+
+
+@pytest.fixture(scope="module")
+def results() -> list[dict]:
+    return run_ranks(_job, 2, timeout=240)
+
+
+def test_every_loop_has_the_bits_of_averaging_in_step_on_every_rank(results):
+    for name in LOOPS:
+        for r in results:
+            ours, theirs = r[name][True], r[name][False]
+            assert ours["steps"] == theirs["steps"], name
+            for key in ("params", "momentum"):  # bit for bit, NaN included
+                assert torch.equal(ours[key].view(torch.int32), theirs[key].view(torch.int32)), (name, key)
+        assert torch.equal(results[0][name][True]["params"], results[1][name][True]["params"]), name
+
+
+def test_the_speculation_hits_where_the_step_sees_what_backward_left(results):
+    for r in results:
+        for name in ("plain", "clip_never_binding", "accumulation_without_no_sync", "fused", "unused_on_one_rank",
+                     "rebucketed_mid_run", "autotuned"):
+            stats = r[name][True]["stats"]
+            assert (stats.hits, stats.misses, stats.paused) == (AFTER_WARMUP, 0, 0), (name, stats)
+        assert r["plain"][False]["stats"].hits == 0  # overlap=False never speculates
+
+
+def test_the_layout_of_buckets_changes_no_bit(results):
+    for r in results:
+        for name in ("fused", "rebucketed_mid_run", "autotuned"):
+            assert torch.equal(r[name][True]["params"], r["plain"][True]["params"]), name
+
+
+def test_the_speculation_misses_and_pauses_where_the_gradients_changed_after_backward(results):
+    for r in results:
+        for name in ("clip_binding", "grad_data_edit", "zero_grad", "further_backward_under_no_sync",
+                     "grad_scaler_unscale_", "grad_scaler_still_scaled", "grad_scaler_skips_a_step"):
+            stats = r[name][True]["stats"]
+            # missed at its 1st step after warm-up, paused 1, missed again, paused 2
+            assert (stats.hits, stats.misses, stats.paused) == (0, 2, 2), (name, stats)
+
+
+def test_a_nan_on_one_rank_raises_at_the_same_step_everywhere_leaving_the_same_state(results):
+    for r in results:  # the momenta as the step left them (updated locally, not averaged): equal above
+        assert r["nan_on_one_rank_raises"][True]["steps"] == WARMUP + 2
+        assert r["nan_on_one_rank_raises"][True]["stats"].hits == 2  # the NaN step too: its bits did not change
+
+
+def test_a_parameter_unused_on_a_rank_keeps_no_gradient_there_either_way(results):
+    r0, r1 = results
+    # the extra head: used by every rank in warm-up, then by rank 0 alone; its gradient is None on rank 1
+    for overlap in (True, False):
+        assert r1["unused_on_one_rank"][overlap]["extra_grad_none"] == [False] * WARMUP + [True] * AFTER_WARMUP
+        assert not any(r0["unused_on_one_rank"][overlap]["extra_grad_none"])
+
+
+def test_each_step_logs_the_hit_rate_at_debug(results):
+    log = results[0]["debug_log"]
+    assert any(line.startswith("qadam speculation hit; hit rate 100%") for line in log), log[:3]
+    assert any("missed" in line and "pausing 1 step(s)" in line for line in log), log[:3]
+
+
+def test_hierarchical_on_two_simulated_nodes_has_the_bits_of_averaging_in_step():
+    results = run_ranks(_hierarchical_job, 4, local_world_size=2, timeout=240)
+    for r in results:
+        assert torch.equal(r[True]["params"], r[False]["params"])
+        assert r[True]["stats"].hits == AFTER_WARMUP
+    assert all(torch.equal(r[True]["params"], results[0][True]["params"]) for r in results)
