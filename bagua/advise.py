@@ -22,7 +22,6 @@ exact allreduce, NCCL      a ring pipelined in slices: data crosses each machine
 compressed allreduce       ``bagua.comm.compressed_allreduce``: every receive posted first,
                            chunks to all peers at once, then the reduced chunks: 2
 ring exchange              ``alltoall_v`` to both ring neighbours at once: 1
-agreement check            the small allgather before a public collective (a Gloo ring): m-1
 =========================  ====================================================================
 
 With several ranks per machine, bagua's algorithms are taken as ``hierarchical=True`` (exact
@@ -60,7 +59,6 @@ UINT8_BYTES_PER_ELEMENT = 1 + 8 / 1024
 #: gloo's ring allreduce keeps two segments of at most this many bytes in flight
 GLOO_SEGMENT_BYTES = 1 << 20
 BUCKET_BYTES = 25 << 20  # both wrappers' default bucket size
-CHECK_BYTES = 18 * 8  # the agreement check's int64 header per rank
 VERDICT_BYTES = 2 * 4  # qadam's step: whether any rank skips it, whether any rank's speculation missed
 #: what each algorithm does to the training, from the time-to-accuracy runs (docs/choosing_an_algorithm.md)
 ACCURACY = {
@@ -165,15 +163,11 @@ def _compressed(nbytes: float, m: int, overlap: str, what: str) -> Collective:
     return Collective(what, 2 * (m - 1) / m * wire, 2 if m > 1 else 0, overlap)
 
 
-def _check(m: int) -> Collective:
-    return Collective("agreement check", (m - 1) * CHECK_BYTES, m - 1, "none")
-
-
 def message_pattern(algorithm: str, buckets: Sequence[float], world_size: int, ranks_per_machine: int = 1,
-                    backend: str = "gloo", checks: bool = True) -> list[Collective]:
+                    backend: str = "gloo") -> list[Collective]:
     """The collectives of one step of ``algorithm`` (after any warm-up), with fp32 buckets of
-    ``buckets`` bytes in launch order, on ``world_size`` ranks, ``ranks_per_machine`` per machine;
-    ``checks``: the job checks agreement before public collectives (``check_collectives``).
+    ``buckets`` bytes in launch order, on ``world_size`` ranks, ``ranks_per_machine`` per machine
+    (no agreement check: the wrapper's per-step collectives skip it).
 
     Example::
 
@@ -183,7 +177,6 @@ def message_pattern(algorithm: str, buckets: Sequence[float], world_size: int, r
     m = world_size // ranks_per_machine  # machines: the ring of torch DDP or the hierarchical leaders
     if m < 2:
         return []
-    check = [_check(m)] if checks else []
     if algorithm in ("torch-ddp", "torch-ddp-fp16"):
         half = algorithm == "torch-ddp-fp16"
         return [Collective("allreduce", 2 * (world_size - 1) / world_size * (b / 2 if half else b),
@@ -237,13 +230,12 @@ def exposed_time(pattern: Sequence[Collective], times: Sequence[float], compute_
 
 
 def predict(algorithm: str, buckets: Sequence[float], world_size: int, link: Link, compute_s: float,
-            constants: Constants = Constants(), ranks_per_machine: int = 1, backend: str = "gloo",
-            checks: bool = True) -> Prediction:
+            constants: Constants = Constants(), ranks_per_machine: int = 1, backend: str = "gloo") -> Prediction:
     """The predicted step of ``algorithm`` (see the module docstring); ``compute_s`` is the step's
     compute without communication."""
     if link.bandwidth_bit_s <= 0 or link.latency_s < 0 or compute_s < 0:
         raise ValueError(f"need a positive bandwidth, latency >= 0 and compute >= 0, got {link} and {compute_s}")
-    pattern = message_pattern(algorithm, buckets, world_size, ranks_per_machine, backend, checks)
+    pattern = message_pattern(algorithm, buckets, world_size, ranks_per_machine, backend)
     parts = [collective_time(c, link, constants) for c in pattern]
     times = [a + b for a, b in parts]
     exposed = exposed_time(pattern, times, compute_s, constants.backward_share)
@@ -255,12 +247,12 @@ def predict(algorithm: str, buckets: Sequence[float], world_size: int, link: Lin
 
 def predict_all(params: float, world_size: int, link: Link, compute_s: float = 0.0,
                 constants: Constants = Constants(), ranks_per_machine: int = 1, backend: str = "nccl",
-                checks: bool = True, algorithms: Sequence[str] = ALGORITHMS) -> list[Prediction]:
+                algorithms: Sequence[str] = ALGORITHMS) -> list[Prediction]:
     """Every algorithm's predicted step for ``params`` fp32 parameters in 25 MiB buckets, fastest first."""
     if world_size < 1 or ranks_per_machine < 1 or world_size % ranks_per_machine:
         raise ValueError(f"world_size ({world_size}) must be a positive multiple of ranks_per_machine ({ranks_per_machine})")
     buckets = default_buckets(params)
-    found = [predict(a, buckets, world_size, link, compute_s, constants, ranks_per_machine, backend, checks)
+    found = [predict(a, buckets, world_size, link, compute_s, constants, ranks_per_machine, backend)
              for a in algorithms]
     return sorted(found, key=lambda p: p.step_s)
 
@@ -341,8 +333,6 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "the ranking is by the communication a step waits for, nothing hidden")
     p.add_argument("--backend", choices=("nccl", "gloo"), default=None,
                    help="how exact allreduces run (default nccl; measured: the job's)")
-    p.add_argument("--no-checks", action="store_true",
-                   help="the job runs with check_collectives=False (BAGUA_CHECK_COLLECTIVES=0): no agreement check")
     p.add_argument("--constants", default=None, help="fitted constants (JSON from benchmarks/tradeoff_fit.py)")
     p.add_argument("--probe-mb", type=float, default=16.0, help="large allreduce of the link measurement, MB")
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
@@ -445,7 +435,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if rank:
         return 0
     compute = (args.compute_ms or 0.0) / 1e3
-    found = predict_all(args.params, world, link, compute, constants, rpm, backend, not args.no_checks)
+    found = predict_all(args.params, world, link, compute, constants, rpm, backend)
     if args.json:
         print(json.dumps({"link": asdict(link), "measured": measured, "predictions": [asdict(p) for p in found]}))
         return 0

@@ -130,8 +130,7 @@ SCENARIOS = {
     "A": "compute from DDP's 100 Gbit/s epoch, an ideal link (every byte at the line rate)",
     "B": "compute from async's epoch (61 s: its step is compute alone), each link capped at the rate that "
          "makes DDP's 100 Gbit/s epoch the paper's 125 s (what TCP sockets reached on the 100 Gbit/s NICs)",
-    "C": "as B, without the agreement check before public collectives (the original Bagua has none)",
-    "D": "as B, each message in sequence costing the one-way latencies it cost on this sweep (fitted; "
+    "C": "as B, each message in sequence costing the one-way latencies it cost on this sweep (fitted; "
          "TCP here, not an ideal link)",
 }
 
@@ -147,29 +146,28 @@ def _solve(f, low: float, high: float, target: float) -> float:
 
 def paper_epoch(algo: str, link: Link, case: dict[str, Any]) -> float:
     """Epoch seconds of ``algo`` in the paper's setting on ``link`` under one scenario's
-    assumptions (``case``: compute_s, constants, checks, ceiling_bit_s, as ``predict_paper`` gives)."""
+    assumptions (``case``: compute_s, constants, ceiling_bit_s, as ``predict_paper`` gives)."""
     capped = Link(min(link.bandwidth_bit_s, case["ceiling_bit_s"]), link.latency_s)
     return predict(algo, default_buckets(PAPER["params"]), PAPER["world_size"], capped, case["compute_s"],
-                   Constants(**case["constants"]), PAPER["ranks_per_machine"], PAPER["backend"],
-                   case["checks"]).step_s * PAPER["steps_per_epoch"]
+                   Constants(**case["constants"]), PAPER["ranks_per_machine"], PAPER["backend"]).step_s * PAPER["steps_per_epoch"]
 
 
 def predict_paper(fitted: Constants) -> dict[str, Any]:
-    """The paper's setting on paper under ``SCENARIOS`` (the fitted backward share in each, D's
+    """The paper's setting on paper under ``SCENARIOS`` (the fitted backward share in each, C's
     latency factor fitted too): epoch seconds per algorithm and link beside the paper's, and
     seconds per ms of latency."""
     steps = PAPER["steps_per_epoch"]
     ideal = asdict(replace(Constants(), backward_share=fitted.backward_share))
 
-    def case(compute: float, ceiling: float = math.inf, checks: bool = True, **constants) -> dict[str, Any]:
-        return {"compute_s": compute, "ceiling_bit_s": ceiling, "checks": checks, "constants": {**ideal, **constants}}
+    def case(compute: float, ceiling: float = math.inf, **constants) -> dict[str, Any]:
+        return {"compute_s": compute, "ceiling_bit_s": ceiling, "constants": {**ideal, **constants}}
 
     ddp_fast, link_fast = PAPER["epoch_s"]["100gbit 0ms"]["torch-ddp"], _LINKS["100gbit 0ms"]
     compute_a = _solve(lambda c: paper_epoch("torch-ddp", link_fast, case(c)), 0.0, ddp_fast / steps, ddp_fast)
     compute_b = PAPER["epoch_s"]["100gbit 0ms"]["async"] / steps
     ceiling = _solve(lambda r: paper_epoch("torch-ddp", link_fast, case(compute_b, r)), 1e8, 100e9, ddp_fast)
-    cases = {"A": case(compute_a), "B": case(compute_b, ceiling), "C": case(compute_b, ceiling, checks=False),
-             "D": case(compute_b, ceiling, latency_factor=fitted.latency_factor)}
+    cases = {"A": case(compute_a), "B": case(compute_b, ceiling),
+             "C": case(compute_b, ceiling, latency_factor=fitted.latency_factor)}
     table: dict[str, dict[str, Any]] = {}
     for name, link in _LINKS.items():
         table[name] = {}

@@ -172,7 +172,7 @@ def paper_markdown(fit: dict[str, Any]) -> str:
             f"(exact within a machine), {s['steps_per_epoch']:.0f} steps an epoch, backward "
             f"{a['constants']['backward_share']:.2f} of compute (fitted here); compute per step A "
             f"{a['compute_s'] * 1e3:.0f} ms, B to D {b['compute_s'] * 1e3:.0f} ms; B to D's link ceiling "
-            f"{b['ceiling_bit_s'] / 1e9:.1f} Gbit/s; D: {paper['cases']['D']['constants']['latency_factor']:.1f} one-way "
+            f"{b['ceiling_bit_s'] / 1e9:.1f} Gbit/s; C: {paper['cases']['C']['constants']['latency_factor']:.1f} one-way "
             "latencies per message.")
     return "\n\n".join([head, _table(["algorithm", "link", "paper, s", *[f"model {c}, s" for c in cases],
                                        "messages in sequence per step"], rows),
@@ -299,21 +299,18 @@ def paper_notes(fit: dict[str, Any]) -> str:
         f"- **Latency, DDP** ({slopes['torch-ddp']['A']:.0f} s per ms modelled, paper {slopes['torch-ddp']['paper']:.0f}): "
         "NCCL's ring crosses each machine boundary twice per allreduce, 2 x 15 one-way latencies per 25 MiB bucket, "
         "52 buckets a step, nothing to hide them behind once backward has ended; the count alone gives the paper's slope.",
-        f"- **Latency, low-precision decentralized** ({slopes['low_precision_decentralized']['A']:.0f} s per ms with our "
-        f"agreement check, {slopes['low_precision_decentralized']['C']:.0f} without it, paper "
-        f"{slopes['low_precision_decentralized']['paper']:.0f}): its exchange is one message per bucket, but here each "
-        "bucket's `alltoall_v` is a public collective whose agreement check is a 15-hop ring among 16 machines; the "
-        "original Bagua has no check. At this scale `check_collectives=False` is what keeps it the least "
-        "latency-sensitive algorithm.",
+        f"- **Latency, low-precision decentralized** ({slopes['low_precision_decentralized']['A']:.0f} s per ms "
+        f"modelled, paper {slopes['low_precision_decentralized']['paper']:.0f}): its exchange is one message per "
+        "bucket to both neighbours at once, the fewest in sequence of the synchronous algorithms.",
         f"- **Latency, bytegrad and qadam** (model {slopes['bytegrad']['A']:.0f} and {slopes['qadam']['A']:.0f} s per ms, "
-        f"paper {slopes['bytegrad']['paper']:.0f} and {slopes['qadam']['paper']:.0f}): the model lets bytegrad's 2 "
-        "messages per bucket hide behind backward, and ours averages qadam's momentum in one buffer (2 messages a step); "
-        "the paper's slopes say each bucket's messages were paid in full (bytegrad) and the momentum went bucket by "
-        "bucket (qadam). Transfers also take more than one latency each where TCP restarts slow start on a link idle "
+        f"paper {slopes['bytegrad']['paper']:.0f} and {slopes['qadam']['paper']:.0f}): the model lets both send 2 "
+        "messages per bucket hidden behind backward (qadam's momentum goes bucket by bucket during backward, then one "
+        "small verdict allreduce); the paper's slopes say each bucket's messages were paid in full. Transfers also "
+        "take more than one latency each where TCP restarts slow start on a link idle "
         f"since the last step (likely why each message cost {fit['constants']['latency_factor']:.1f} one-way latencies "
-        f"on this sweep); with that factor (D) the slopes become {slopes['bytegrad']['D']:.0f} (bytegrad), "
-        f"{slopes['qadam']['D']:.0f} (qadam), {slopes['torch-ddp']['D']:.0f} (DDP) and "
-        f"{slopes['low_precision_decentralized']['D']:.0f} (low-precision decentralized) s per ms.",
+        f"on this sweep); with that factor (C) the slopes become {slopes['bytegrad']['C']:.0f} (bytegrad), "
+        f"{slopes['qadam']['C']:.0f} (qadam), {slopes['torch-ddp']['C']:.0f} (DDP) and "
+        f"{slopes['low_precision_decentralized']['C']:.0f} (low-precision decentralized) s per ms.",
         f"- **Latency, decentralized** (model {slopes['decentralized']['A']:.0f}, paper "
         f"{slopes['decentralized']['paper']:.0f} s per ms): the same ring count as DDP under `all`; `shift_one` is one "
         "message per bucket.",
@@ -335,8 +332,8 @@ def order_explained(results: dict[str, Any]) -> str:
              "messages in sequence, a compressed allreduce 2, the low-precision ring exchange 1")
     if checks:
         text += (f", and here {checks} more for the agreement check before each bucket's exchange (a public "
-                 "collective; the original Bagua has none): without it (`check_collectives=False`) the "
-                 "low-precision ring would send the fewest")
+                 "collective, as this sweep's code still checked; bagua now trusts the exchange and sends the "
+                 "fewest)")
     return text + "."
 
 
