@@ -26,9 +26,10 @@ Example::
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import threading
 import zlib
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import torch
 
@@ -162,40 +163,37 @@ class Engine:
         future = _comm_thread().submit(self._run, bucket, event)
         self._futures.append((bucket, future))
 
+    @contextlib.contextmanager
+    def _communicating(self) -> Iterator[None]:
+        """Where a bucket's ops run: on the side stream (CUDA), without the per-call agreement
+        check (the layout was verified once at construction)."""
+        with checks.trusted(), (torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()):
+            yield
+
     def _run(self, bucket: Bucket, event) -> None:
-        with checks.trusted():  # the layout was verified once at construction
-            if event is None:
-                self._pipeline(bucket.run_ops(defer_last=True))
-                return
-            with torch.cuda.stream(self._stream):
+        with self._communicating():
+            if event is not None:
                 self._stream.wait_event(event)
-                self._pipeline(bucket.run_ops(defer_last=True))
+            self._pipeline(bucket.run_ops(defer_last=True))
 
     def _enqueue(self, bucket: Bucket) -> object:
         """Enqueue ``bucket``'s one collective here; its handle, or the error (raised by ``wait()``,
         as from the communication thread, not inside backward)."""
         try:
-            with checks.trusted():
-                if self._stream is None:
-                    return bucket.run_ops(defer_last=True)
+            if self._stream is not None:
                 self._stream.wait_stream(torch.cuda.current_stream(bucket.device))
-                with torch.cuda.stream(self._stream):
-                    return bucket.run_ops(defer_last=True)
+            with self._communicating():
+                return bucket.run_ops(defer_last=True)
         except Exception as error:  # noqa: BLE001 - handed to wait()
             return error
 
     def _finish_enqueued(self) -> None:
-        for bucket, outcome in self._enqueued:
+        for _, outcome in self._enqueued:
             if isinstance(outcome, Exception):
                 raise outcome
-            if outcome is None:
-                continue
-            with checks.trusted():
-                if self._stream is None:
+            if outcome is not None:
+                with self._communicating():
                     outcome.wait()
-                else:
-                    with torch.cuda.stream(self._stream):
-                        outcome.wait()
 
     def _pipeline(self, handle) -> None:
         """Keep this bucket's last collective in flight and finish the previous bucket's: its
@@ -205,14 +203,9 @@ class Engine:
             previous.wait()
 
     def _finish_in_flight(self) -> None:
-        with checks.trusted():
-            handle, self._in_flight = self._in_flight, None
-            if handle is None:
-                return
-            if self._stream is None:
-                handle.wait()
-                return
-            with torch.cuda.stream(self._stream):
+        handle, self._in_flight = self._in_flight, None
+        if handle is not None:
+            with self._communicating():
                 handle.wait()
 
     def wait(self) -> None:

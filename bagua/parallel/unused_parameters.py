@@ -49,7 +49,8 @@ def adopt_averaged_gradients(ddp: "DistributedDataParallel", locally_unused: lis
     with trusted():  # every rank sends the same layout, at the same point of every step
         comm.allreduce(used, op=comm.ReduceOp.MAX, group=ddp.comm_group)
     unused = set(locally_unused)
-    for name, anyone in zip(names, used.tolist()):
+    anyone_used = dict(zip(names, used.tolist()))
+    for name, anyone in anyone_used.items():
         if anyone and name in unused and name in ddp._grad_view:
             ddp.for_algorithms.parameter(name).grad = ddp._grad_view[name]
-    restore_unreached(ddp, preset, {name for name, anyone in zip(names, used.tolist()) if not anyone})
+    restore_unreached(ddp, preset, {name for name, anyone in anyone_used.items() if not anyone})
