@@ -36,7 +36,7 @@ import torch
 
 from ..comm import BaguaProcessGroup, Bucket, Handle, ReduceOp, allreduce, compressed_allreduce
 from ..comm.checks import trusted
-from ..comm.compressed import SEGMENT_ELEMS, raise_if_nonfinite
+from ..comm.compressed import SEGMENT_ELEMS, all_finite, raise_if_nonfinite
 from ..comm.hierarchical import hierarchical_allreduce
 from ..optim.qadam import QAdamOptimizer, decayed_gradient, new_momentum
 from .base import Algorithm, AlgorithmImpl
@@ -87,8 +87,7 @@ class MomentumBucket:
 
     def finite(self) -> bool:
         """Whether every averaged ratio is finite (NaN or Inf on any rank makes its block NaN)."""
-        # the sum first: one fast pass, where torch.isfinite() takes ~10x as long on CPU
-        return bool(self.flat.sum().isfinite()) or bool(torch.isfinite(self.flat).all())
+        return all_finite(self.flat)
 
     @torch.no_grad()
     def update_locally(self) -> None:
