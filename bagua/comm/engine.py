@@ -92,13 +92,11 @@ class Engine:
         self._stream = None
         if any(b.device.type == "cuda" for b in self.buckets):
             self._stream = torch.cuda.Stream(device=self.buckets[0].device)
-        self.chains_changed()
+        #: whether this step's chains are enqueued on the marking thread (see the module
+        #: docstring); read from the buckets at each step's first launch, since algorithms,
+        #: communication hooks and rebucketing append ops anew between steps
+        self.inline = False
         self._reset()
-
-    def chains_changed(self) -> None:
-        """Take note that the buckets' ops were appended anew (between steps)."""
-        #: whether chains are enqueued on the marking thread (see the module docstring)
-        self.inline = all(b.launches_only for b in self.buckets)
 
     def _verify_layout(self, group: BaguaProcessGroup) -> None:
         if group.size == 1:
@@ -153,6 +151,8 @@ class Engine:
                 self._next += 1
 
     def _launch(self, bucket: Bucket) -> None:
+        if self._next == 0:
+            self.inline = all(b.launches_only for b in self.buckets)
         if self.inline:
             self._enqueued.append((bucket, self._enqueue(bucket)))
             return

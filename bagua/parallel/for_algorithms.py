@@ -108,7 +108,6 @@ class ForAlgorithms:
         for bucket in ddp.buckets:
             bucket.clear_ops()
             ddp.impl.init_operations(ddp, bucket)
-        ddp.engine.chains_changed()
 
     def communicate_all(self) -> None:
         """Run every bucket's ops now, in bucket order, and wait for them (for algorithms that

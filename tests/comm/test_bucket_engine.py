@@ -205,3 +205,27 @@ def test_bucket_copies_tensors_with_a_gap_between_them():
     assert bucket.flat.numel() == 9 and bucket.flat.data_ptr() != buffer.data_ptr()
     assert torch.equal(bucket.flat, torch.cat([torch.arange(4.0), torch.arange(5.0, 10.0)]))
     assert a.data_ptr() == bucket.flat.data_ptr()  # rebound to its view
+
+
+def test_engine_reads_at_each_step_whether_chains_only_enqueue():
+    """A chain that only enqueues runs on the marking thread; ops appended anew between steps (a
+    communication hook after wrapping, a rebucket) are honoured at the next step."""
+    ran_on = []
+
+    def enqueue_only(bucket):
+        ran_on.append(threading.current_thread())
+
+    def blocking(bucket):
+        ran_on.append(threading.current_thread())
+
+    bucket = Bucket([torch.zeros(3)], name="b")
+    bucket.append_op(enqueue_only, launch_only=True)
+    engine = Engine([bucket])
+    engine.mark_ready_at(0, 0)
+    engine.wait()
+    assert engine.inline and ran_on[-1] is threading.current_thread()
+    bucket.clear_ops()
+    bucket.append_op(blocking)  # between steps, as register_comm_hook does
+    engine.mark_ready_at(0, 0)
+    engine.wait()
+    assert not engine.inline and ran_on[-1] is not threading.current_thread()
