@@ -58,6 +58,8 @@ if TYPE_CHECKING:  # the wrapper imports us, not the other way round
 NamedTensor = tuple[str, torch.Tensor]
 #: bucket sizes the autotuner tries: 1 MiB to 64 MiB
 BUCKET_SIZES = powers_of_two(1 << 20, 64 << 20)
+#: the first bucket's size (torch DDP's ``_DEFAULT_FIRST_BUCKET_BYTES``): see ``bucket_tensors``
+FIRST_BUCKET_BYTES = 1 << 20
 #: carries per-bucket state across a rebucket: {id(old bucket): flat} -> {id(new bucket): flat}
 Carry = Callable[[dict[int, torch.Tensor]], dict[int, torch.Tensor]]
 
@@ -104,14 +106,18 @@ class AlgorithmImpl:
 
     def bucket_tensors(self, named: list[NamedTensor], bucket_size_bytes: int) -> list[list[NamedTensor]]:
         """Split ``named`` into consecutive groups of one dtype and device, each about
-        ``bucket_size_bytes`` (a tensor larger than that gets a bucket of its own). Tensors that
-        are views into a shared buffer (a fused optimizer's) are not mixed with others, so each
-        bucket can adopt its stretch of that buffer without copying."""
+        ``bucket_size_bytes`` (a tensor larger than that gets a bucket of its own), except the
+        first, which closes at ``FIRST_BUCKET_BYTES`` (as torch DDP's): ``named`` comes in the
+        order backward produces gradients, so the link starts working after the model's last
+        layers instead of after a full bucket of them (with 25 MiB buckets, most of a 10M-parameter
+        MLP's backward). Tensors that are views into a shared buffer (a fused optimizer's) are not
+        mixed with others, so each bucket can adopt its stretch of that buffer without copying."""
         buckets: list[list[NamedTensor]] = []
         size, kind = 0, None
         for name, tensor in named:
             this = (tensor.dtype, tensor.device, _home(tensor))
-            if not buckets or size >= bucket_size_bytes or this != kind:
+            cap = min(bucket_size_bytes, FIRST_BUCKET_BYTES) if len(buckets) == 1 else bucket_size_bytes
+            if not buckets or size >= cap or this != kind:
                 buckets.append([])
                 size, kind = 0, this
             buckets[-1].append((name, tensor))

@@ -87,6 +87,22 @@ class _Requests:
         return self.done or all(work.is_completed() for work in self.works)
 
 
+class _Arrivals:
+    """A compressed allreduce's work in flight: its segments' chunks on their way to their
+    reducers. ``wait()`` blocks on nothing: ``finish`` waits for each segment's chunks as it
+    reduces them, so a segment's reduced chunk leaves while later segments' chunks still arrive
+    (waiting for all of them first left the link idle for a reduction per bucket)."""
+
+    def __init__(self, segments: list["_Segment"]):
+        self.segments = segments
+
+    def wait(self) -> None:
+        return None
+
+    def is_completed(self) -> bool:
+        return all(seg.phase1.is_completed() for seg in self.segments)
+
+
 def _pieces(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
     if not tensor.numel():
         return ()  # an empty chunk: both ends know its size, nothing travels
@@ -210,7 +226,7 @@ def compressed_allreduce(
         if not in_place:
             tensor.copy_(result.view_as(tensor))
 
-    return _run(what, lambda: _Requests([seg.phase1 for seg in segments]), finish, async_op)
+    return _run(what, lambda: _Arrivals(segments), finish, async_op)
 
 
 class BlockLayout:

@@ -122,3 +122,21 @@ def test_misuse_is_a_clear_error(case, message):
 
     errors = run_ranks_expect_errors(_misuse, 2, case, timeout=60)
     assert all(message in tb for tb in errors.values()), errors[0]
+
+
+def test_the_first_bucket_closes_at_one_mib_so_the_link_starts_early_in_backward():
+    """The tensors come in the order backward produces their gradients: the first bucket holds
+    the last layers only (about 1 MiB, as torch DDP's first bucket), the others the size asked."""
+    from bagua.algorithms.base import FIRST_BUCKET_BYTES, AlgorithmImpl
+
+    def named(**numels):
+        return [(name, torch.empty(n)) for name, n in numels.items()]
+
+    impl = AlgorithmImpl(process_group=None)
+    grads = named(head_bias=10, head=1000, top=300_000, mid=2_000_000, low=2_000_000, embed=5_000_000)
+    groups = [[name for name, _ in g] for g in impl.bucket_tensors(grads, 25 << 20)]
+    assert FIRST_BUCKET_BYTES == 1 << 20
+    assert groups == [["head_bias", "head", "top"], ["mid", "low", "embed"]]
+    # a bucket size below 1 MiB applies to the first bucket too
+    groups = [[name for name, _ in g] for g in impl.bucket_tensors(grads, 4000)]
+    assert groups == [["head_bias", "head"], ["top"], ["mid"], ["low"], ["embed"]]
