@@ -73,7 +73,7 @@ def instrument(timeline: Timeline) -> None:
     """Time the compressed allreduce's phases and the buckets' ops (bagua's private classes: a
     diagnostic, not an API)."""
     from bagua.algorithms import gradient_allreduce
-    from bagua.comm import compressed
+    from bagua.comm import compressed, p2p
 
     def seg_info(seg, *_):
         rank = seg.pg.rank
@@ -83,7 +83,7 @@ def instrument(timeline: Timeline) -> None:
     timeline.wrap(compressed._Segment, "send_chunks", "encode+send", seg_info)
     timeline.wrap(compressed._Segment, "reduce_and_share", "reduce+share", seg_info)
     timeline.wrap(compressed._Segment, "result_into", "decode results", seg_info)
-    timeline.wrap(compressed._Requests, "wait", "wait", lambda req: {"what": getattr(req, "label", "handle")})
+    timeline.wrap(p2p.Requests, "wait", "wait", lambda req: {"what": getattr(req, "label", "handle")})
     init = compressed._Segment.__init__
 
     def labelled_init(seg, *args, **kwargs):

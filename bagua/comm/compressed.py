@@ -14,11 +14,9 @@ alone, so the bucket size, the segment size and the stripe count never change a 
 
 Speed on slow links: the tensor is cut into segments of about 1M elements, each reduced this way on
 its own and pipelined (while one segment's results travel, the next one is decoded, reduced
-and encoded); both exchanges are tagged point-to-point messages of at most 512 KB, and every
-receive is posted before the first send (see ``_Segment``). With Gloo's own alltoall and allgather a 16 MB fp16
-allreduce over a 100 Mbit/s link took 1.42 s, as if the link were half-duplex; posted in
-pieces 0.85 s; MinMaxUInt8, pieces and segments: 0.43 s against 1.41 s for fp32
-(benchmarks/RESULTS.md; ``benchmarks/p2p_pieces.py`` times piece sizes). On a group with
+and encoded); both exchanges are tagged point-to-point messages of ``p2p``'s pieces, every
+receive posted before the first send (see ``_Segment``): a 16 MB allreduce over a 100 Mbit/s
+link, MinMaxUInt8, 0.43 s against 1.41 s for fp32 (benchmarks/RESULTS.md). On a group with
 stripes (``streams=K``) segment ``k`` travels on stripe ``k % s``, ``s`` being the stripe count
 of the tensor's size (``stripes.py``); the segments, and so the result, are the same for any K.
 
@@ -49,6 +47,7 @@ import torch
 import torch.distributed as dist
 
 from . import stripes, traffic
+from .p2p import Requests, post, post_all
 from .collectives import Handle, ReduceOp, _done, _named_errors, _op_code, _prepare, _run, as_reduce_op
 from .compression import Codec, Payload, get_codec
 from .error_feedback import ErrorFeedback
@@ -62,29 +61,7 @@ _REDUCERS = {
     ReduceOp.MAX: lambda x: x.amax(dim=0),
     ReduceOp.PRODUCT: lambda x: x.prod(dim=0),
 }
-_PIECE_BYTES = 512 * 1024
 SEGMENT_ELEMS = 1 << 20  #: default elements per pipelined segment
-
-
-class _Requests:
-    """Point-to-point requests in flight, finished together. ``wait()`` may be called again:
-    Gloo's own send work must be waited on once only (a second wait blocks). A failure names
-    ``where`` they travel (a stripe), if given."""
-
-    def __init__(self, works: list, where: str = ""):
-        self.works = works
-        self.where = where
-        self.done = False
-
-    def wait(self) -> None:
-        if not self.done:
-            with stripes.named_stripe(self.where):
-                for work in self.works:
-                    work.wait()
-            self.done = True
-
-    def is_completed(self) -> bool:
-        return self.done or all(work.is_completed() for work in self.works)
 
 
 class _Arrivals:
@@ -101,26 +78,6 @@ class _Arrivals:
 
     def is_completed(self) -> bool:
         return all(seg.phase1.is_completed() for seg in self.segments)
-
-
-def _pieces(tensor: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    if not tensor.numel():
-        return ()  # an empty chunk: both ends know its size, nothing travels
-    per_piece = max(1, _PIECE_BYTES // tensor.element_size())
-    return torch.split(tensor, per_piece)
-
-
-def _post(post: Callable, buffer: torch.Tensor, peer: int, group: Optional[dist.ProcessGroup], tag: int) -> list:
-    """``post`` (``dist.isend`` or ``dist.irecv``) ``buffer`` to/from global rank ``peer`` in
-    pieces over torch group ``group``, under message ``tag``; returns the works."""
-    return [post(piece, peer, group=group, tag=tag) for piece in _pieces(buffer)]
-
-
-def _post_all(
-    post: Callable, buffer_for: Callable[[int], torch.Tensor], pg: BaguaProcessGroup, group: Optional[dist.ProcessGroup], tag: int
-) -> list:
-    """``_post`` ``buffer_for(j)`` for every other member ``j`` of ``pg`` (group rank), over ``group``."""
-    return [work for j, peer in enumerate(pg.ranks) if j != pg.rank for work in _post(post, buffer_for(j), peer, group, tag)]
 
 
 @through_host(write_back=True)
@@ -438,8 +395,8 @@ class _Segment:
         self.send = [wire(chunk.wire_numel) for chunk in self.chunks]        # my encoding of chunk j, for rank j
         self.received = wire(pg.size * mine.wire_numel).view(pg.size, mine.wire_numel)    # every rank's encoding of my chunk
         self.gathered = [wire(chunk.wire_numel) for chunk in self.chunks]    # chunk j reduced, from rank j
-        self.phase1 = _Requests(_post_all(dist.irecv, lambda j: self.received[j], pg, group, tag), where)
-        self.phase2 = _Requests(_post_all(dist.irecv, lambda j: self.gathered[j], pg, group, tag + 1), where)
+        self.phase1 = Requests(post_all(dist.irecv, lambda j: self.received[j], pg, group, tag), where)
+        self.phase2 = Requests(post_all(dist.irecv, lambda j: self.gathered[j], pg, group, tag + 1), where)
 
     def wire_bytes_sent(self) -> int:
         """What this rank sends for this segment, both phases."""
@@ -454,7 +411,7 @@ class _Segment:
             if chunk.stream_numel:
                 self._encode(chunk, chunk.gather(self.flat), self.send[j], worker=True)
             if j != rank:
-                self.phase1.works += _post(dist.isend, self.send[j], self.pg.ranks[j], self.group, self.tag)
+                self.phase1.works += post(dist.isend, self.send[j], self.pg.ranks[j], self.group, self.tag)
         self.received[rank].copy_(self.send[rank])
 
     def reduce_and_share(self, reduce: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -467,7 +424,7 @@ class _Segment:
             chunk.decode(self.codec, self.received[j], parts[j])
         mine = self.gathered[self.pg.rank]
         self._encode(chunk, reduce(parts), mine, worker=False)
-        self.phase2.works += _post_all(dist.isend, lambda _: mine, self.pg, self.group, self.tag + 1)
+        self.phase2.works += post_all(dist.isend, lambda _: mine, self.pg, self.group, self.tag + 1)
 
     def _encode(self, chunk: _Chunk, stream: torch.Tensor, out: torch.Tensor, worker: bool) -> None:
         """Encode a stream this rank sends: a chunk of its input (``worker``) or the chunk it
