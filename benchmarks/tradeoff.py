@@ -9,7 +9,8 @@ over one-way latency at 1 Gbit/s (0, 1, 2, 5, 10, 20 ms, through the delay line)
 size: GPT-2 4 layers x 256, 3.24M parameters, 13 MB of fp32 gradients; batches of its
 load-balanced sampler, its fused AdamW; qadam its ``QAdamOptimizer``). The variants are timed
 interleaved in one job per setting (``step_timing.py``): torch DDP fp32 and with its fp16
-compression hook, and the six bagua algorithms (async averaging every 50 ms, as train_lm). An
+compression hook, and the seven bagua algorithms (async averaging every 50 ms, as train_lm; qadam and
+onebit_grad past their 1-step warm-up, the untimed step). An
 epoch is ``EPOCH_STEPS`` steps: the mean timed step times that (data loading excluded).
 
     python benchmarks/tradeoff.py                   # the sweep, ~30-45 min on 2 cores (root, iproute2), then --report
@@ -49,9 +50,9 @@ from tradeoff_fit import ADVISE_NAME  # noqa: E402
 logger = logging.getLogger("tradeoff")
 JSON_TAG = "@@tradeoff@@ "
 VARIANTS = ("ddp", "ddp-fp16", "gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized",
-            "async", "qadam")
+            "async", "qadam", "onebit_grad")
 EPOCH_STEPS = 100
-WARMUP = 1  # untimed steps per variant (qadam's fp32 warm-up is this long)
+WARMUP = 1  # untimed steps per variant (qadam's fp32 warm-up and onebit_grad's exact one are this long)
 ASYNC_INTERVAL_MS = 50  # as examples/train_lm.py
 # model flags for train_lm.py: the time-to-accuracy size, and a smaller one for a first look
 MODEL = {
@@ -163,7 +164,7 @@ def run_worker(args: argparse.Namespace) -> int:
     for name in args.variants:
         model = train_lm.build_model(lm_args(name))  # seeded: identical on every rank, no broadcast needed
         opt = train_lm.make_optimizer(lm_args(name), model)
-        variants.append(Variant(name, model, opt, loss, ASYNC_INTERVAL_MS, init_sync=False))
+        variants.append(Variant(name, model, opt, loss, ASYNC_INTERVAL_MS, init_sync=False, warmup=WARMUP))
     params = sum(p.numel() for p in variants[0].model.parameters())
     log(f"built {len(variants)} variants of the {params / 1e6:.2f}M-parameter LM; {len(batches)} batches per rank")
     rows, diverged = time_interleaved(variants, batches, WARMUP, args.reps, args.block, log, tx_bytes_reader())

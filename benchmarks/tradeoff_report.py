@@ -119,10 +119,12 @@ def _facts(results: dict[str, Any]) -> str:
     dates = sorted(r["date"] for r in records)
     steps = ", ".join(f"{k} {r['job']['reps'] * r['job']['block']}" for k, r in results["settings"].items())
     machine = results.get("machine", {})
+    measured = {name for r in records for name in r["job"]["variants"]}
+    onebit = f"; onebit_grad: {job['warmup']} exact warm-up step" if "onebit_grad" in measured else ""
     return (f"{'Quick run' if results.get('size') == 'quick' else 'Full run'}, {dates[0]} to {dates[-1]}, "
             f"{machine.get('description', 'this machine')}. GPT-2 {job['params'] / 1e6:.2f}M parameters "
             f"(`examples/train_lm.py` {' '.join(job['model_flags'])}), {job['tokens_per_batch'][0]} tokens per rank "
-            f"and step, fused AdamW (qadam: `QAdamOptimizer`, {job['warmup']} warm-up step), TCP {job['tcp_cc']}; "
+            f"and step, fused AdamW (qadam: `QAdamOptimizer`, {job['warmup']} warm-up step{onebit}), TCP {job['tcp_cc']}; "
             f"an epoch is {EPOCH_STEPS} steps at the mean of the timed steps per variant ({steps}), "
             f"the variants interleaved in one job per setting.")
 

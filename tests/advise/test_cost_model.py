@@ -10,10 +10,10 @@ import torch
 
 import bagua
 from bagua.advise import (
-    ALGORITHMS, UINT8_BYTES_PER_ELEMENT, Collective, Constants, Link, allreduce_hops, default_buckets, exposed_time,
+    ALGORITHMS, SIGN1_BYTES_PER_ELEMENT, UINT8_BYTES_PER_ELEMENT, Collective, Constants, Link, allreduce_hops, default_buckets, exposed_time,
     message_pattern, predict, predict_all,
 )
-from bagua.comm.compression import MinMaxUInt8
+from bagua.comm.compression import MinMaxUInt8, Sign1
 from tests.harness import run_ranks
 
 MB13 = 12_966_912  # the tradeoff study's LM: one bucket of 3.24M fp32 gradients
@@ -46,6 +46,9 @@ def test_each_algorithms_step_as_counted_from_the_code():
     assert [(c.hops, c.overlap) for c in qadam] == [(2, "backward"), (2, "backward"), (6, "none")]
     assert qadam[0].nbytes == pytest.approx(1.5 * wire)
     assert [c.overlap for c in message_pattern("async", [MB13], 4)] == ["background"]
+    onebit, = message_pattern("onebit_grad", [MB13], 4)  # past its warm-up: bytegrad's pattern at 1.125 bits
+    assert (onebit.hops, onebit.overlap) == (2, "backward")
+    assert onebit.nbytes == pytest.approx(1.5 * MB13 / 4 * SIGN1_BYTES_PER_ELEMENT)
     assert all(message_pattern(a, [MB13], 1) == [] for a in ALGORITHMS)
     # 128 ranks, 8 per machine: bagua hierarchical among 16 machines, torch's ring crosses them
     assert message_pattern("bytegrad", [MB13], 128, 8)[0].nbytes == pytest.approx(2 * 15 / 16 * wire)
@@ -54,10 +57,12 @@ def test_each_algorithms_step_as_counted_from_the_code():
         message_pattern("adam", [MB13], 4)
 
 
-def test_the_codec_constant_is_the_real_codecs_wire_size():
+def test_the_codec_constants_are_the_real_codecs_wire_sizes():
     for n in (1024, 1 << 20):
         payload = MinMaxUInt8().encode(torch.randn(n))
         assert payload.data.numel() * payload.data.element_size() == n * UINT8_BYTES_PER_ELEMENT
+        payload = Sign1().encode(torch.randn(n))
+        assert payload.data.numel() * payload.data.element_size() == n * SIGN1_BYTES_PER_ELEMENT
 
 
 def test_overlap_follows_the_engine():
@@ -105,7 +110,8 @@ def _one_step_traffic(rank: int, name: str) -> dict:
         opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=1)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    ddp = bagua.DistributedDataParallel(model, [opt], algorithm=name)
+    algorithm = bagua.algorithms.OneBitGradAlgorithm(warmup_steps=1) if name == "onebit_grad" else name
+    ddp = bagua.DistributedDataParallel(model, [opt], algorithm=algorithm)
     x = torch.randn(8, 256)
     for step in range(2):
         before = bagua.comm.traffic_by_kind()
@@ -120,7 +126,8 @@ def _one_step_traffic(rank: int, name: str) -> dict:
 
 def _all_algorithms(rank: int) -> dict:
     return {name: _one_step_traffic(rank, name) for name in
-            ("gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "qadam")}
+            ("gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "qadam",
+                                                   "onebit_grad")}
 
 
 def test_the_pattern_sends_what_the_algorithms_send():
@@ -128,7 +135,7 @@ def test_the_pattern_sends_what_the_algorithms_send():
     counts them while it runs, against the pattern's (the agreement check is not counted there)."""
     kind = {"allreduce": "allreduce", "weights allreduce": "allreduce", "compressed allreduce": "compressed_allreduce",
             "compressed momentum allreduce": "compressed_allreduce", "verdict allreduce": "allreduce",
-            "ring exchange": "alltoall_v"}
+            "ring exchange": "alltoall_v", "1-bit allreduce": "compressed_allreduce"}
     measured = run_ranks(_all_algorithms, 3, timeout=120)[0]
     for name, got in measured.items():
         expected: dict = {}

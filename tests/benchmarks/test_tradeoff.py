@@ -23,7 +23,7 @@ import tradeoff_report  # noqa: E402
 MB13 = 12_966_912
 TRUE = Constants(latency_factor=1.5, efficiency=0.8, backward_share=0.55)
 COMPUTE = {"torch-ddp": 0.30, "torch-ddp-fp16": 0.32, "gradient_allreduce": 0.31, "bytegrad": 0.40,
-           "decentralized": 0.29, "low_precision_decentralized": 0.36, "async": 0.12, "qadam": 0.42}
+           "decentralized": 0.29, "low_precision_decentralized": 0.36, "async": 0.12, "qadam": 0.42, "onebit_grad": 0.38}
 
 
 def synthetic_results(size: str = "full") -> dict:
@@ -130,12 +130,17 @@ def test_worker_commands():
 def test_a_real_worker_job_records_steps_buckets_and_messages(tmp_path):
     out = run_command([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                        "benchmarks/tradeoff.py", "--worker", "--setting", "t", "--size", "quick", "--reps", "1",
-                       "--block", "1", "--variants", "ddp", "low_precision_decentralized",
+                       "--block", "1", "--variants", "ddp", "low_precision_decentralized", "onebit_grad",
                        "--cache-dir", str(tmp_path)], timeout=120).stdout
     job = json.loads(re.search(r"@@tradeoff@@ (.*)", out).group(1))
-    assert job["world"] == 2 and set(job["variants"]) == {"ddp", "low_precision_decentralized"}
+    assert job["world"] == 2 and set(job["variants"]) == {"ddp", "low_precision_decentralized", "onebit_grad"}
     ddp, lpd = job["variants"]["ddp"], job["variants"]["low_precision_decentralized"]
     assert ddp["buckets"] == [job["params"] * 4] and ddp["step_s"] > 0
     # one ring exchange per bucket (the first bucket closes at 1 MiB, so this small LM has two)
     assert lpd["hops_per_step"] == len(lpd["buckets"]) and {m["what"] for m in lpd["messages"]} == {"ring exchange"}
     assert lpd["bagua_sent_per_step"] == pytest.approx(lpd["model_bytes_per_step"], rel=0.01)
+    # onebit_grad's timed step is past its 1-step exact warm-up: 1.125 bits a value, as the model counts
+    onebit = job["variants"]["onebit_grad"]
+    assert {m["what"] for m in onebit["messages"]} == {"1-bit allreduce"} and onebit["step_s"] > 0
+    assert onebit["bagua_sent_per_step"] == pytest.approx(onebit["model_bytes_per_step"], rel=0.02)
+    assert onebit["bagua_sent_per_step"] < ddp["ring_formula_per_step"] / 20
