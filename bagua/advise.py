@@ -4,7 +4,8 @@ A training step costs its compute, plus whatever communication the step cannot h
 algorithm's step is a list of collectives (:func:`message_pattern`), counted from the code: for
 each, the bytes the busiest link carries and the messages that must follow each other (hops:
 each waits for the one before it to arrive, so each costs one one-way latency). A collective
-takes ``hops * (message_s + latency_factor * latency) + bytes / (efficiency * bandwidth)``.
+takes ``hops * (message_s + latency_factor * latency) + bytes / (efficiency * bandwidth)``, the
+efficiency that of its transport (an exact ring, the compressed allreduce, the ring exchange).
 What overlaps with compute follows the engine (``bagua.comm.engine``): gradient buckets leave
 in order as backward fills them (torch DDP alike), and so does qadam's momentum (speculated;
 after a miss it is averaged again after backward), the decentralized weights leave at forward,
@@ -105,14 +106,26 @@ class Constants:
         message_s: fixed cost of each message in sequence (wake-ups, framing), seconds.
         latency_factor: one-way latencies each message in sequence costs (TCP's slow start
             after an idle link makes it more than 1).
-        efficiency: share of the link's rate a transfer reaches.
+        efficiency: share of the link's rate an exact (ring) allreduce reaches.
         backward_share: share of the step's compute that backward takes (forward: half of it).
+        compressed_efficiency: the same for bagua's compressed allreduce (chunks to every peer at
+            once, reduced, sent back; None: ``efficiency``).
+        exchange_efficiency: the same for the ring exchange (``alltoall_v`` to both neighbours;
+            None: ``efficiency``). Each transport keeps the link busy its own way (a pipelined
+            ring, a scatter then a gather, a pairwise exchange), so each reaches its own share.
     """
 
     message_s: float = 0.0
     latency_factor: float = 1.0
     efficiency: float = 1.0
     backward_share: float = 0.6
+    compressed_efficiency: Optional[float] = None
+    exchange_efficiency: Optional[float] = None
+
+    def efficiency_of(self, transport: str) -> float:
+        """The share of the link's rate that ``transport`` ("ring", "compressed", "exchange") reaches."""
+        own = {"compressed": self.compressed_efficiency, "exchange": self.exchange_efficiency}.get(transport)
+        return self.efficiency if own is None else own
 
     @classmethod
     def load(cls, path: str) -> "Constants":
@@ -139,6 +152,11 @@ class Prediction:
 
 
 # ---- the message pattern of each algorithm ------------------------------------------------------
+
+#: how each collective of a pattern moves its bytes (its link efficiency: ``Constants.efficiency_of``)
+TRANSPORT = {"allreduce": "ring", "weights allreduce": "ring", "verdict allreduce": "ring", "agreement check": "ring",
+             "compressed allreduce": "compressed", "compressed momentum allreduce": "compressed",
+             "1-bit allreduce": "compressed", "ring exchange": "exchange"}
 
 def default_buckets(params: float, bucket_bytes: int = BUCKET_BYTES, element_bytes: int = 4) -> list[float]:
     """Bucket sizes in bytes for ``params`` fp32 parameters cut at ``bucket_bytes``."""
@@ -209,10 +227,24 @@ def check_algorithm(algorithm: str) -> None:
 
 # ---- step time ------------------------------------------------------------------------------------
 
+def cpu_slowdown(processes: float, cores: float, background: float = 0.0) -> float:
+    """How many times longer CPU-bound work takes in each of ``processes`` processes (ranks) that
+    share ``cores`` with ``background`` other runnable ones (the load that was there before them):
+    the scheduler shares the cores evenly, so ``max(1, (processes + background) / cores)``.
+
+    Several ranks on one CPU machine stretch each step's compute by this; scale a compute time
+    measured at one rank count to another by the ratio of the two (8 ranks on 2 idle cores: 2x
+    the compute of 4 ranks). On a GPU each rank has its own device: leave compute as measured.
+    """
+    if processes < 1 or cores <= 0 or background < 0:
+        raise ValueError(f"need processes >= 1, cores > 0 and background >= 0, got {processes}, {cores}, {background}")
+    return max(1.0, (processes + background) / cores)
+
+
 def collective_time(c: Collective, link: Link, constants: Constants) -> tuple[float, float]:
     """(latency part, transfer part) of one collective's time, seconds."""
     latency = c.hops * (constants.message_s + constants.latency_factor * link.latency_s)
-    transfer = 8 * c.nbytes / (constants.efficiency * link.bandwidth_bit_s)
+    transfer = 8 * c.nbytes / (constants.efficiency_of(TRANSPORT.get(c.what, "ring")) * link.bandwidth_bit_s)
     return latency, transfer
 
 
@@ -236,12 +268,15 @@ def exposed_time(pattern: Sequence[Collective], times: Sequence[float], compute_
 
 
 def predict(algorithm: str, buckets: Sequence[float], world_size: int, link: Link, compute_s: float,
-            constants: Constants = Constants(), ranks_per_machine: int = 1, backend: str = "gloo") -> Prediction:
+            constants: Constants = Constants(), ranks_per_machine: int = 1, backend: str = "gloo",
+            pattern: Optional[Sequence[Collective]] = None) -> Prediction:
     """The predicted step of ``algorithm`` (see the module docstring); ``compute_s`` is the step's
-    compute without communication."""
+    compute without communication. ``pattern``: the step's collectives if not today's
+    ``message_pattern`` (a measurement of older code predicted with the pattern it recorded)."""
     if link.bandwidth_bit_s <= 0 or link.latency_s < 0 or compute_s < 0:
         raise ValueError(f"need a positive bandwidth, latency >= 0 and compute >= 0, got {link} and {compute_s}")
-    pattern = message_pattern(algorithm, buckets, world_size, ranks_per_machine, backend)
+    if pattern is None:
+        pattern = message_pattern(algorithm, buckets, world_size, ranks_per_machine, backend)
     parts = [collective_time(c, link, constants) for c in pattern]
     times = [a + b for a, b in parts]
     exposed = exposed_time(pattern, times, compute_s, constants.backward_share)

@@ -10,7 +10,8 @@ import torch
 
 import bagua
 from bagua.advise import (
-    ALGORITHMS, SIGN1_BYTES_PER_ELEMENT, UINT8_BYTES_PER_ELEMENT, Collective, Constants, Link, allreduce_hops, default_buckets, exposed_time,
+    ALGORITHMS, SIGN1_BYTES_PER_ELEMENT, UINT8_BYTES_PER_ELEMENT, Collective, Constants, Link, allreduce_hops, cpu_slowdown,
+    default_buckets, exposed_time,
     message_pattern, predict, predict_all,
 )
 from bagua.comm.compression import MinMaxUInt8, Sign1
@@ -89,6 +90,27 @@ def test_a_prediction_adds_latencies_and_transfers():
     assert slow.step_s == 0.3 and slow.comm_s > 100 and slow.nbytes == 0  # its averaging is off the step
     with pytest.raises(ValueError, match="positive bandwidth"):
         predict("bytegrad", [MB13], 4, Link(0.0), 0.1)
+
+
+def test_each_transport_reaches_its_own_share_of_the_link():
+    link = Link(100e6)
+    split = Constants(efficiency=0.9, compressed_efficiency=0.8, exchange_efficiency=0.6)
+    for algo, share in (("torch-ddp", 0.9), ("bytegrad", 0.8), ("onebit_grad", 0.8), ("low_precision_decentralized", 0.6)):
+        p = predict(algo, [MB13], 4, link, 0.0, split)
+        assert p.transfer_s == pytest.approx(8 * p.nbytes / (share * 100e6)), algo
+    same = Constants(efficiency=0.9)  # unset: the ring's share for every transport
+    assert predict("bytegrad", [MB13], 4, link, 0.0, same).transfer_s == pytest.approx(
+        8 * message_pattern("bytegrad", [MB13], 4)[0].nbytes / 90e6)
+    given = [Collective("ring exchange", 1e6, 3, "none")]  # a recorded pattern replaces today's
+    assert predict("bytegrad", [MB13], 4, link, 0.0, same, pattern=given).hops == 3
+
+
+def test_ranks_share_the_cores_with_what_runs_there():
+    assert cpu_slowdown(4, 2) == 2.0 and cpu_slowdown(8, 2) / cpu_slowdown(4, 2) == 2.0
+    assert cpu_slowdown(1, 8) == 1.0  # more cores than processes: as alone
+    assert cpu_slowdown(8, 2, background=5.1) / cpu_slowdown(4, 2, background=5.1) == pytest.approx(13.1 / 9.1)
+    with pytest.raises(ValueError):
+        cpu_slowdown(0, 2)
 
 
 def test_predict_all_ranks_fastest_first_and_buckets_at_25_mib():

@@ -21,7 +21,8 @@ import tradeoff_fit  # noqa: E402
 import tradeoff_report  # noqa: E402
 
 MB13 = 12_966_912
-TRUE = Constants(latency_factor=1.5, efficiency=0.8, backward_share=0.55)
+TRUE = Constants(latency_factor=1.5, efficiency=0.8, backward_share=0.55, compressed_efficiency=0.7,
+                 exchange_efficiency=0.6)
 COMPUTE = {"torch-ddp": 0.30, "torch-ddp-fp16": 0.32, "gradient_allreduce": 0.31, "bytegrad": 0.40,
            "decentralized": 0.29, "low_precision_decentralized": 0.36, "async": 0.12, "qadam": 0.42, "onebit_grad": 0.38}
 
@@ -34,26 +35,52 @@ def synthetic_results(size: str = "full") -> dict:
         variants = {}
         for name in tradeoff.VARIANTS:
             algo = tradeoff_fit.ADVISE_NAME.get(name, name)
-            compute = COMPUTE[algo] * (2 if s.ranks == 8 else 1)  # twice the processes on the cores
+            compute = COMPUTE[algo] * (2 if s.ranks == 8 else 1)  # twice the processes on 2 idle cores
             step = predict(algo, [MB13], s.ranks, Link(rate, (s.delay_ms or 0) / 1e3), compute, TRUE).step_s
             variants[name] = {"epoch_s": step * s.reps * s.block, "buckets": [MB13], **tradeoff.messages_per_step(name, [MB13], s.ranks)}
         job = {"world": s.ranks, "reps": s.reps, "block": s.block, "params": MB13 // 4, "variants": variants, "diverged": {},
                "model_flags": ["--layers", "4"], "tokens_per_batch": [260], "warmup": 1, "tcp_cc": "cubic", "elapsed_s": 1.0}
         settings[s.key] = {"setting": asdict(s), "rate_bit": rate, "date": "2026-11-26 12:00", "job": job}
-    return {"size": size, "settings": settings}
+    return {"size": size, "settings": settings, "machine": {"description": "a 2-CPU test", "cpus": 2, "load_start": 0.0}}
 
 
 def test_the_fit_recovers_known_constants_and_predicts_the_held_out_settings():
     fit = tradeoff_fit.fit_results(synthetic_results())
     assert fit["constants"]["message_s"] == 0.0  # not identifiable on one world size: part of compute
-    for key in ("latency_factor", "efficiency", "backward_share"):
+    for key in ("latency_factor", "efficiency", "backward_share", "compressed_efficiency", "exchange_efficiency"):
         assert fit["constants"][key] == pytest.approx(getattr(TRUE, key), rel=0.02), key
     for algo, seconds in COMPUTE.items():
         assert fit["compute_s"][algo] == pytest.approx(seconds, rel=0.02), algo
     held = {(r["variant"], r["setting"]) for r in fit["held_out"]}
     assert ("torch-ddp", "bw-300mbit") in held and ("bytegrad", "x8-100mbit") in held
-    assert ("async", "x8-100mbit") not in held  # its step sets the 8-rank compute scale
+    assert ("async", "x8-100mbit") in held  # the 8-rank compute scale comes from the machine's facts
+    assert fit["compute_scale"] == {"4": 1.0, "8": 2.0}
     assert fit["worst_held_out"] < 0.01
+    # the same nominal link measured twice (bridged, and through the delay line at 0 ms): identical here
+    pair, = fit["repeatability"]
+    assert {pair["a"], pair["b"]} == {"bw-1gbit", "lat-0ms"}
+    assert pair["mean"]["max_abs"] < 1e-9 and set(pair["mean"]["diffs"]) == set(fit["compute_s"])
+
+
+def test_compute_scales_with_ranks_per_core_and_the_load_already_there():
+    results = {"machine": {"description": "a 2-CPU x86_64 machine, Linux 6, Python 3, load average 5.1 at the start"}}
+    assert tradeoff_fit.machine_facts(results) == {"cpus": 2.0, "load_start": 5.1}
+    assert tradeoff_fit.compute_scale(results, 8, 4) == pytest.approx((8 + 5.1) / (4 + 5.1))
+    assert tradeoff_fit.compute_scale(results, 8, 4, background=0.0) == 2.0
+    assert tradeoff_fit.compute_scale({"machine": {}}, 8, 4) == 1.0  # unknown machine: as measured
+
+
+def test_the_fit_predicts_the_collectives_the_job_recorded():
+    """A job of older code recorded its own pattern (qadam's momentum after backward, behind an
+    agreement check): the model predicts that, not today's pattern."""
+    results = synthetic_results()
+    row = results["settings"]["bw-10mbit"]["job"]["variants"]["qadam"]
+    row["messages"] = [{"what": "agreement check", "nbytes": 432, "hops": 3, "overlap": "none"},
+                       {"what": "compressed momentum allreduce", "nbytes": 4900581.0, "hops": 2, "overlap": "none"}]
+    obs = next(o for o in tradeoff_fit.observations(results) if o["setting"] == "bw-10mbit" and o["variant"] == "qadam")
+    assert [c.what for c in obs["pattern"]] == ["agreement check", "compressed momentum allreduce"]
+    old = tradeoff_fit.predicted(obs, COMPUTE, TRUE)
+    assert old > predict("qadam", [MB13], 4, Link(10e6), COMPUTE["qadam"], TRUE).step_s  # nothing hidden
 
 
 def test_the_papers_setting_is_anchored_on_ddps_epoch():
