@@ -252,7 +252,8 @@ def run_driver(args: argparse.Namespace) -> int:
     results["size"] = args.size
     results.setdefault("machine", {"description": (
         f"a {os.cpu_count()}-CPU {platform.machine()} machine, Linux {platform.release()}, Python "
-        f"{platform.python_version()}, load average {os.getloadavg()[0]:.1f} at the start")})
+        f"{platform.python_version()}, load average {os.getloadavg()[0]:.1f} at the start"),
+        "cpus": os.cpu_count(), "load_start": os.getloadavg()[0]})  # the cost model's ranks-per-core facts
     by_key = {s.key: s for s in SETTINGS}
     chosen = [by_key[k] for k in args.settings] if args.settings else SETTINGS
     variants = list(args.only or VARIANTS)
@@ -263,11 +264,13 @@ def run_driver(args: argparse.Namespace) -> int:
         print(f"\n### {setting.key}: {setting.ranks} ranks, {setting.rate}, "
               f"{'bridged' if setting.delay_ms is None else f'{setting.delay_ms:g} ms'} "
               f"({time.monotonic() - t0:.0f} s elapsed)", flush=True)
+        load_before = os.getloadavg()  # 1, 5, 15 minutes: what else ran on the machine (noise between settings)
         job = run_job(worker_command(setting, args.size, variants, args.cache_dir, args.timeout),
                       args.timeout + 60, JSON_TAG, logger)
         if job is None:
             failed.append(setting.key)
             continue
+        job["loadavg_before"] = list(load_before)
         merge(results, setting, job, netns.parse_rate(setting.rate))
         save_results(path, results)
         print(f"saved {setting.key} to {path}", flush=True)

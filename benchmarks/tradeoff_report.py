@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import re
+import statistics
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -109,8 +110,19 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def epoch_markdown(results: dict[str, Any]) -> str:
     e, keys = epochs(results), _ordered(results)
-    rows = [[LABELS[v]] + [_fmt(e[k].get(v), 1) for k in keys] for v in VARIANTS]
-    return _table(["variant"] + [_label(results, k) for k in keys], rows)
+    rows = [[LABELS[v]] + [_fmt(e[k].get(v), 1) for k in keys] for v in measured_variants(results)]
+    table = _table(["variant"] + [_label(results, k) for k in keys], rows)
+    missing = [v for v in VARIANTS if v not in measured_variants(results)]
+    if missing:
+        table += (f"\n\nNot measured in this run: {', '.join(missing)} (in `VARIANTS` since; "
+                  f"`python benchmarks/tradeoff.py --only {' '.join(missing)}` measures it, merged into the JSON).")
+    return table
+
+
+def measured_variants(results: dict[str, Any]) -> list[str]:
+    """``VARIANTS`` that some setting of ``results`` measured, in their order."""
+    seen = {name for r in results["settings"].values() for name in r["job"]["variants"]}
+    return [v for v in VARIANTS if v in seen]
 
 
 def _facts(results: dict[str, Any]) -> str:
@@ -145,21 +157,100 @@ def slopes_markdown(results: dict[str, Any]) -> str:
                    "one-way latencies per message", "MB per step (model)", "MB per step (wire, measured)", "collectives (hops each)"], rows)
 
 
+def _pct(x: float) -> str:
+    return f"{x * 100:+.0f}%"
+
+
 def fit_markdown(fit: dict[str, Any]) -> str:
     c = fit["constants"]
-    lines = [f"Fitted on {', '.join(fit['fit_settings'])} (log least squares): "
-             f"{c['latency_factor']:.2f} one-way latencies per message in sequence, {c['efficiency']:.2f} of "
-             f"the link rate, backward {c['backward_share']:.2f} of compute; compute per step: "
-             + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in sorted(fit["compute_s"].items())) + ".", ""]
+    eff = {k: c.get(k) if c.get(k) is not None else c["efficiency"] for k in ("compressed_efficiency", "exchange_efficiency")}
+    machine, scale = fit.get("machine", {}), fit.get("compute_scale", {})
+    lines = [f"Fitted on {', '.join(fit['fit_settings'])} (log least squares; the split as first chosen, each sweep's ends "
+             f"and middle, unchanged): {c['latency_factor']:.2f} one-way latencies per message in sequence; share of the "
+             f"link rate reached by an exact ring allreduce {c['efficiency']:.2f}, by the compressed allreduce "
+             f"{eff['compressed_efficiency']:.2f}, by the ring exchange {eff['exchange_efficiency']:.2f}; backward "
+             f"{c['backward_share']:.2f} of compute; compute per step: "
+             + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in sorted(fit["compute_s"].items())) + ". "
+             "Each point is predicted with the collectives its job recorded (the code that was measured). "]
+    if any(w != "4" for w in scale):
+        lines[0] += ("Other rank counts: compute scaled by `bagua.advise.cpu_slowdown` from the machine's recorded "
+                     f"facts ({machine.get('cpus', 0):.0f} CPUs, load {machine.get('load_start', 0):.1f} before the "
+                     "sweep: the ranks share the cores with it), nothing fitted: "
+                     + ", ".join(f"{w} ranks x{s:.2f}" for w, s in scale.items() if w != "4") + ".")
+    lines.append("")
     held = fit["held_out"]
-    settings = sorted({r["setting"] for r in held})
+    settings = [k for k in [s.key for s in SETTINGS] if k in {r["setting"] for r in held}]
+    settings += sorted({r["setting"] for r in held} - set(settings))
     by = {(r["variant"], r["setting"]): r for r in held}
-    rows = [[v] + [f"{by[(v, s)]['error'] * 100:+.0f}%" if (v, s) in by else "-" for s in settings]
+    rows = [[v] + [_pct(by[(v, s)]["error"]) if (v, s) in by else "-" for s in settings]
             for v in sorted({r["variant"] for r in held})]
+    shifts = fit.get("held_out_shifts", {})
+    if shifts:
+        rows.append(["*shared by all variants*"] + [_pct(shifts[s]["common"]) for s in settings])
+        rows.append(["*left per variant (rms)*"] + [f"{shifts[s]['residual'] * 100:.0f}%" for s in settings])
     lines.append(_table(["held out: predicted / measured - 1"] + settings, rows))
     inside = sum(abs(r["error"]) <= 0.2 for r in held)
-    lines += ["", f"{inside} of {len(held)} held-out points within 20%; worst {fit['worst_held_out'] * 100:.0f}%."]
+    worst = max(held, key=lambda r: abs(r["error"]), default=None)
+    lines += ["", f"**{inside} of {len(held)} held-out points within 20%; worst {fit['worst_held_out'] * 100:.0f}%"
+              + (f" ({worst['variant']}, {worst['setting']})" if worst else "") + ".**"]
+    lines += ["", noise_markdown(fit)]
     return "\n".join(lines)
+
+
+def noise_markdown(fit: dict[str, Any]) -> str:
+    """What the measurement itself repeats to, beside the model's errors."""
+    held, parts = fit["held_out"], []
+    for pair in fit.get("repeatability", []):
+        mean, median = pair["mean"], pair.get("median")
+        diffs = ", ".join(f"{v} {_pct(d)}" for v, d in sorted(mean["diffs"].items(), key=lambda kv: kv[1]))
+        parts.append(
+            f"- **Repeatability.** {pair['a']} and {pair['b']} are the same nominal link (4 ranks, 1 Gbit/s, 0 ms; "
+            f"bridged, and through the delay line at 0 ms) measured in separate jobs minutes apart: {pair['b']} over "
+            f"{pair['a']} per variant {diffs}; median |difference| {mean['median_abs'] * 100:.0f}%, worst "
+            f"{mean['max_abs'] * 100:.0f}%, {_pct(mean['common'])} shared by all variants. "
+            + (f"By the median step instead of the mean: median |difference| {median['median_abs'] * 100:.0f}%, worst "
+               f"{median['max_abs'] * 100:.0f}%; the mean of the timed steps is the statistic used"
+               + (", the one that repeats better" if mean["median_abs"] <= median["median_abs"] else "")
+               + " (the JSON holds each "
+               "rank's median and quartiles and rank 0's block times, not every step). " if median else "")
+            + "No model can be held closer than this on the 1 Gbit/s "
+            "settings, where a step is mostly CPU time shared with the other sessions' jobs.")
+    sync = [r["se"] for r in held if r["variant"] != "async" and r.get("se") == r.get("se")]
+    asy = [r["se"] for r in held if r["variant"] == "async" and r.get("se") == r.get("se")]
+    if sync:
+        parts.append(
+            f"- **Within one job** the timed blocks repeat better: the standard error of a point's mean step "
+            f"(rank 0's blocks) is {statistics.median(sync) * 100:.0f}% (median, synchronous variants), "
+            + (f"async's {min(asy) * 100:.0f}-{max(asy) * 100:.0f}% (its steps run with or without an averaging "
+               "round on the same cores). " if asy else "")
+            + "So most of the noise is between jobs: the machine's load in the minutes a setting ran shifts all its "
+            "variants together (the table's shared row).")
+    rows = fit["fit"] + held
+    sweep = sorted((float(m.group(1)), k) for k in {r["setting"] for r in rows} if (m := re.match(r"lat-([\d.]+)ms$", k)))
+    measured = {(r["variant"], r["setting"]): r["measured_s"] for r in rows}
+    for (_, before), (ms, after) in zip(sweep, sweep[1:]):
+        both = [v for v in {r["variant"] for r in rows} if (v, before) in measured and (v, after) in measured]
+        faster = [v for v in both if measured[(v, after)] < measured[(v, before)]]
+        if both and len(faster) == len(both):
+            drops = [measured[(v, after)] / measured[(v, before)] - 1 for v in both]
+            parts.append(f"- **{after}** measured every variant faster than {before} did ({_pct(max(drops))} to "
+                         f"{_pct(min(drops))}), which more latency cannot cause: most likely quieter minutes on the machine (this sweep did not record the load "
+                         "per setting; the next one does).")
+    misses = [r for r in held if abs(r["error"]) > 0.2]
+    if misses:
+        shifts = fit.get("held_out_shifts", {})
+        listed = "; ".join(f"{r['variant']} {r['setting']} {_pct(r['error'])}"
+                           f" (shared {_pct(shifts[r['setting']]['common'])}, own standard error {r['se'] * 100:.0f}%)"
+                           for r in sorted(misses, key=lambda r: (r["setting"], r["variant"])))
+        parts.append(f"- **The misses**: {listed}.")
+    idle = [(r["variant"], r["error_idle_cores"]) for r in held if "error_idle_cores" in r]
+    if idle:
+        scale = fit.get("compute_scale_idle_cores", {})
+        parts.append("- **Ranks per core.** Taking the cores as idle (8 ranks on them: "
+                     + ", ".join(f"x{s:.2f}" for w, s in scale.items() if w != "4")
+                     + " the compute of 4) instead of shared with the recorded load, the 8-rank errors would be "
+                     + ", ".join(f"{v} {_pct(e)}" for v, e in idle) + ".")
+    return "\n".join(parts)
 
 
 def paper_markdown(fit: dict[str, Any]) -> str:
@@ -199,13 +290,13 @@ def plot(results: dict[str, Any], fit: Optional[dict[str, Any]], path: Path) -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from bagua.advise import Constants, Link, predict
+    from bagua.advise import Collective, Constants, Link, predict
 
     e = epochs(results)
     bw = sorted((r["rate_bit"], k) for k, r in results["settings"].items() if r["setting"]["sweep"] == "bandwidth")
     lat = latency_sweep(results)
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
-    for name in VARIANTS:
+    for name in measured_variants(results):
         style = {"color": COLORS[name], "label": LABELS[name], "marker": "o", "linewidth": 2.2 if name == "ddp" else 1.3}
         left.plot([b / 1e6 for b, k in bw if name in e[k]], [e[k][name] for b, k in bw if name in e[k]], **style)
         right.plot([ms for ms, k in lat if name in e[k]], [e[k][name] for ms, k in lat if name in e[k]], **style)
@@ -215,7 +306,9 @@ def plot(results: dict[str, Any], fit: Optional[dict[str, Any]], path: Path) -> 
         row = results["settings"][bw[0][1]]["job"]["variants"].get(name)
         if row is None:
             continue
-        model = lambda link: predict(algo, row["buckets"], 4, link, fit["compute_s"][algo], constants).step_s * EPOCH_STEPS  # noqa: E731
+        pattern = [Collective(**m) for m in row["messages"]] if "messages" in row else None  # the code measured
+        model = lambda link: predict(algo, row["buckets"], 4, link, fit["compute_s"][algo], constants,  # noqa: E731
+                                     pattern=pattern).step_s * EPOCH_STEPS
         rates = [bw[0][0] * (bw[-1][0] / bw[0][0]) ** (i / 40) for i in range(41)]
         left.plot([r / 1e6 for r in rates], [model(Link(r)) for r in rates], ":", color=COLORS[name], linewidth=1)
         if lat:
@@ -408,7 +501,8 @@ def guide_section(results: dict[str, Any], fit: Optional[dict[str, Any]], figure
     """The numbers of docs/choosing_an_algorithm.md: measured here, and modelled at the paper's scale."""
     e = epochs(results)
     cols = [k for k in ("bw-1gbit", "bw-10mbit", "lat-20ms") if k in e]
-    rows = [[LABELS[v]] + [f"{e[k]['ddp'] / e[k][v]:.2f}x" if v in e[k] else "-" for k in cols] for v in VARIANTS]
+    rows = [[LABELS[v]] + [f"{e[k]['ddp'] / e[k][v]:.2f}x" if v in e[k] else "-" for k in cols]
+            for v in measured_variants(results)]
     parts = [f"_Generated from `benchmarks/results/{Path(results_path(results.get('size', 'full'))).name}` by "
              "`python benchmarks/tradeoff.py --report`._", "", _facts(results), "",
              f"![epoch time against bandwidth and latency](../benchmarks/figures/{figure})", "",
