@@ -105,6 +105,33 @@ class ErrorFeedback:
         self.server = None if server is None else server.detach().to(torch.float32).reshape(-1).clone()
         self.mark_moved()
 
+    def copy_from(self, other: "ErrorFeedback") -> None:
+        """Make this state a copy of ``other``'s, its own buffers reused where they fit: a
+        provisional state to run a call on that may be discarded (a speculation), and kept with
+        ``swap`` otherwise.
+
+        Example::
+
+            trial.copy_from(state)
+            compressed_allreduce(grad, codec="sign1", error_feedback=trial)
+            if keep:
+                state.swap(trial)   # state now holds what the call left; trial the old buffers
+        """
+        if other.worker is None:
+            self.worker = self.server = None
+        else:
+            if self.worker is None or self.worker.shape != other.worker.shape or self.worker.device != other.worker.device:
+                self.worker, self.server = torch.empty_like(other.worker), torch.empty_like(other.server)
+            self.worker.copy_(other.worker)
+            self.server.copy_(other.server)
+        self._owners = other._owners
+
+    def swap(self, other: "ErrorFeedback") -> None:
+        """Exchange the states of ``self`` and ``other`` (no copy; see ``copy_from``)."""
+        self.worker, other.worker = other.worker, self.worker
+        self.server, other.server = other.server, self.server
+        self._owners, other._owners = other._owners, self._owners
+
     def mark_moved(self) -> None:
         """Declare that ``server`` was rearranged (e.g. mapped per tensor into another bucket
         layout) or loaded, on every rank alike: the next call hands it to the new owners."""

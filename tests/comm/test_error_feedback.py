@@ -116,6 +116,44 @@ def test_residuals_resume_exactly_and_restart_after_a_nonfinite_result():
         assert bad[:block].all() and not bad[block:].any()  # the first codec block only
 
 
+def _provisional(rank: int) -> dict:
+    """A call on a copy of the residuals (a speculation), dropped or kept, against calls on the
+    state itself; the copy taken under a layout the server residuals were not kept under."""
+    from bagua.comm import ErrorFeedback, compressed_allreduce
+
+    def call(state, step, segment=SEGMENT_ELEMS):
+        t = _input(rank, step)
+        compressed_allreduce(t, op="avg", codec="sign1", starts=STARTS, segment_elems=segment, error_feedback=state)
+        return t
+
+    straight, trial, spare = ErrorFeedback(), ErrorFeedback(), ErrorFeedback()
+    expected = [call(straight, step) for step in range(3)]
+    got = [call(trial, step) for step in range(2)]
+    spare.copy_from(trial)
+    call(spare, 7, segment=4096)  # dropped: what the state holds stays as it was
+    before = trial.state_dict()
+    got.append(call(trial, 2))
+    spare.copy_from(trial)
+    kept = call(spare, 3, segment=4096)  # kept: the state takes what the call left
+    trial.swap(spare)
+    empty = ErrorFeedback()
+    spare.copy_from(empty)
+    return {"expected": expected + [call(straight, 3)], "got": got + [kept], "before": before,
+            "trial": trial.state_dict(), "straight": straight.state_dict(), "emptied": spare.worker is None}
+
+
+def test_a_provisional_copy_leaves_the_state_as_it_was_unless_kept():
+    results = run_ranks(_provisional, 2, timeout=120)
+    total = {}
+    for r in results:
+        assert all(torch.equal(a, b) for a, b in zip(r["got"], r["expected"]))
+        assert r["before"]["worker"] is not None and r["emptied"]
+        assert torch.equal(r["trial"]["worker"], r["straight"]["worker"])
+        for name, state in (("trial", r["trial"]), ("straight", r["straight"])):
+            total[name] = total.get(name, 0) + state["server"]  # the owners depend on the segment size
+    assert torch.equal(total["trial"], total["straight"])
+
+
 def _misuse(rank: int, case: str):
     from bagua.comm import ErrorFeedback, compressed_allreduce
 
