@@ -29,11 +29,10 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
-from ..comm import BaguaProcessGroup, Bucket, ErrorFeedback, ReduceOp
+from ..comm import BaguaProcessGroup, Bucket, ReduceOp
 from .base import Algorithm, AlgorithmImpl, Carry, check_positive_int
 from .gradient_allreduce import GradientAllReduceImpl, allreduce_bucket
+from .residuals import BucketResiduals
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +48,7 @@ class OneBitGradImpl(GradientAllReduceImpl):
         super().__init__(process_group, hierarchical, average, compression=CODEC)
         self.warmup_steps = warmup_steps
         self.steps = 0  # synced backwards communicated so far (also the shadow ones of join())
-        self._feedback: dict[int, ErrorFeedback] = {}  # per bucket (id)
-        self._members: dict[int, list[tuple[str, int, int]]] = {}  # per bucket: (name, offset, numel)
+        self.residuals = BucketResiduals("onebit_grad", process_group, logger)  # per bucket
 
     @property
     def in_warmup(self) -> bool:
@@ -58,8 +56,7 @@ class OneBitGradImpl(GradientAllReduceImpl):
         return self.steps < self.warmup_steps
 
     def init_operations(self, ddp, bucket: Bucket) -> None:
-        feedback = self._feedback.setdefault(id(bucket), ErrorFeedback())
-        self._members[id(bucket)] = list(zip(ddp.for_algorithms.names_in(bucket), bucket.offsets, bucket.numels))
+        feedback = self.residuals.attach(id(bucket), ddp.for_algorithms.names_in(bucket), bucket.offsets, bucket.numels)
         op = ReduceOp.AVG if self.average else ReduceOp.SUM
 
         def run(b: Bucket):
@@ -75,61 +72,19 @@ class OneBitGradImpl(GradientAllReduceImpl):
     def on_rebucket(self, ddp, carry: Carry) -> None:
         """The residuals move to the new buckets tensor by tensor (the server residuals to their
         new reducers at the next step)."""
-        new = {id(b) for b in ddp.buckets}
-        old = {key: (self._feedback.pop(key), self._members.pop(key)) for key in list(self._feedback) if key not in new}
-        kept = [fb.worker for fb, _ in old.values() if fb.worker is not None]
-        if not kept:
-            return  # nothing kept yet (the warm-up), on every rank alike
-
-        def flat(fb: ErrorFeedback, members: list, side: str) -> torch.Tensor:
-            t = getattr(fb, side)
-            return t if t is not None else kept[0].new_zeros(sum(numel for _, _, numel in members))
-
-        worker, server = (carry({key: flat(fb, members, side) for key, (fb, members) in old.items()})
-                          for side in ("worker", "server"))
-        for key in new:
-            self._feedback[key].load_state_dict({"worker": worker[key], "server": server[key]})
+        self.residuals.rebucketed(id(b) for b in ddp.buckets)
 
     def state_dict(self) -> dict:
         """The steps communicated, and this rank's residuals per parameter name (its own: they
         differ across ranks), with the rank and world size they belong to."""
-        worker, server = {}, {}
-        for key, fb in self._feedback.items():
-            if fb.worker is None:
-                continue
-            for name, offset, numel in self._members[key]:
-                worker[name] = fb.worker[offset:offset + numel].clone()
-                server[name] = fb.server[offset:offset + numel].clone()
-        return {"steps": self.steps, "rank": self.process_group.rank, "world_size": self.process_group.size,
-                "worker": worker, "server": server}
+        return {"steps": self.steps, **self.residuals.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore ``state_dict()``: the residuals of this rank's own state (every rank loads its
         own, as ``bagua.checkpoint`` does); a state of another rank or world size (one file for
         every rank) restarts them at zero, with a warning."""
         self.steps = int(state["steps"])
-        mine = (state["rank"], state["world_size"]) == (self.process_group.rank, self.process_group.size)
-        if not mine and state["worker"]:
-            logger.warning(
-                "onebit_grad: the checkpoint holds the error-feedback residuals of rank %d of %d, this is rank %d of "
-                "%d: the residuals restart at zero (save every rank's state, as bagua.checkpoint does, to keep them)",
-                state["rank"], state["world_size"], self.process_group.rank, self.process_group.size)
-        for key, fb in self._feedback.items():
-            members = self._members[key]
-            if mine and members and all(name in state["worker"] for name, _, _ in members):
-                fb.load_state_dict({side: self._flat(members, state[side]) for side in ("worker", "server")})
-            else:
-                fb.reset()
-            fb.mark_moved()  # every rank alike, whatever it loaded: the next step hands the server residuals over
-
-    @staticmethod
-    def _flat(members: list[tuple[str, int, int]], per_name: dict[str, torch.Tensor]) -> torch.Tensor:
-        """A bucket's flat residuals from per-parameter ones (members in bucket order: a fused
-        optimizer's buffer may hold them in another order)."""
-        flat = torch.empty(sum(numel for _, _, numel in members), dtype=torch.float32)
-        for name, offset, numel in members:
-            flat[offset:offset + numel] = per_name[name].reshape(-1)
-        return flat
+        self.residuals.load_state_dict(state)
 
 
 @Algorithm.register("onebit_grad")
