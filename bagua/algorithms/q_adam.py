@@ -1,4 +1,4 @@
-"""qadam: Adam with allreduced gradients during warm-up, then 8-bit compressed momentum.
+"""qadam: Adam with allreduced gradients during warm-up, then 8-bit (or 1-bit) compressed momentum.
 
 During ``QAdamOptimizer``'s warm-up every bucket of gradients is allreduced exactly during
 backward, so the optimizer is plain data-parallel Adam. Afterwards the gradients stay local, and
@@ -22,29 +22,51 @@ block's large momenta divided by their small sqrt(v): it diverged within a few s
 10M-parameter MLP). It goes through a scratch buffer, so the momentum tensors stay the
 optimizer's own (``load_state_dict`` and ``fuse_optimizer`` may replace or move them).
 
+``bits=1`` sends the ratios as ``sign1`` (1-bit Adam's two-stage compressed allreduce, as
+``onebit_grad`` sends gradients): every rank sends the sign of (ratio + its residual) and one scale
+per 256 values, the rank that reduces a chunk the sign of (average + its residual); about 28x
+fewer bytes than fp32, 7x fewer than 8 bits. What each step's rounding left out is sent in the
+next ones (``bagua.comm.ErrorFeedback``). The residuals are this algorithm's state
+(``bagua.algorithms.residuals``): saved per rank by ``state_dict()`` and ``bagua.checkpoint``,
+carried by ``ddp.rebucket`` and autotuning tensor by tensor, the same fused or not; the averaged
+momentum, and so the weights, stay bit-identical on every rank, the residuals are each rank's own.
+A speculation (``overlap=True``) runs its allreduce on a provisional copy of the residuals, which
+the step keeps on a hit and drops on a miss (clipping, unscaling, a skipped or raising step), so
+the step averaging again starts from the residuals of the last step that averaged: every step,
+residuals included, has the bits of ``overlap=False``. A step skipped on an overflow (GradScaler)
+averages nothing, so its residuals stay as they were (the ratios are unscaled: no loss scale is
+in them); a bucket whose average came out non-finite without a scaler (the step raises)
+restarts its residuals at zero on every rank, as ``onebit_grad`` does.
+
 Example::
 
     opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=100)
     model = bagua.DistributedDataParallel(model, [opt], bagua.algorithms.QAdamAlgorithm(opt))
+    model = bagua.DistributedDataParallel(model, [opt], "qadam", bits=1)   # 1-bit momentum
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 import torch
 
-from ..comm import BaguaProcessGroup, Bucket, Handle, ReduceOp, allreduce, compressed_allreduce
+from ..comm import BaguaProcessGroup, Bucket, ErrorFeedback, Handle, ReduceOp, allreduce, compressed_allreduce
 from ..comm.checks import trusted
 from ..comm.compressed import SEGMENT_ELEMS, all_finite, raise_if_nonfinite
 from ..comm.hierarchical import hierarchical_allreduce
 from ..optim.qadam import QAdamOptimizer, decayed_gradient, new_momentum
-from .base import Algorithm, AlgorithmImpl
+from .base import Algorithm, AlgorithmImpl, Carry
 from .gradient_allreduce import SEGMENT_SIZES, append_gradient_allreduce, hierarchical_node_groups
 from .qadam_speculation import Speculation
+from .residuals import BucketResiduals
 from .tunable import Tunable
 
-COMPRESSION = "minmax_uint8"
+logger = logging.getLogger(__name__)
+
+#: the momentum's codec by ``bits``: 8 bits per value, or the sign and one scale per 256 values
+CODECS = {8: "minmax_uint8", 1: "sign1"}
 
 
 class MomentumBucket:
@@ -68,6 +90,11 @@ class MomentumBucket:
 
     def __init__(self, optimizer: QAdamOptimizer, members: list[tuple[torch.Tensor, dict]], name: str):
         self.optimizer, self.members, self.name = optimizer, members, name
+        #: the error-feedback residuals of ``flat``'s 1-bit allreduce (``bits=1``) as the last
+        #: step that averaged left them (algorithm state, set by the algorithm), or None; and
+        #: the scratch copy that a speculation runs on, kept by ``commit`` on a hit
+        self.feedback: Optional[ErrorFeedback] = None
+        self._provisional = ErrorFeedback()
         p0 = members[0][0]
         self.flat = torch.empty(sum(p.numel() for p, _ in members), dtype=p0.dtype, device=p0.device)
         self.starts, self.views = [], []
@@ -77,6 +104,19 @@ class MomentumBucket:
             self.views.append(self.flat[start:start + p.numel()].view(p.shape))
         #: the speculation's copies of the gradients, in this bucket's layout (allocated by the first)
         self.grad_copies: Optional[torch.Tensor] = None
+
+    def residuals(self, provisional: bool) -> Optional[ErrorFeedback]:
+        """The residuals an allreduce of ``flat`` runs on: the kept ones, or (``provisional``, a
+        speculation) a fresh copy of them, which the step keeps (``commit``) or drops."""
+        if self.feedback is None or not provisional:
+            return self.feedback
+        self._provisional.copy_from(self.feedback)
+        return self._provisional
+
+    def commit(self) -> None:
+        """Keep what the speculation's allreduce left in the provisional residuals (a hit)."""
+        if self.feedback is not None:
+            self.feedback.swap(self._provisional)
 
     @torch.no_grad()
     def fill(self) -> None:
@@ -109,10 +149,14 @@ class QAdamImpl(AlgorithmImpl):
     optimizer's ``MomentumCommunicator``."""
 
     def __init__(self, process_group: BaguaProcessGroup, optimizer: QAdamOptimizer, hierarchical: bool,
-                 overlap: bool):
+                 overlap: bool, bits: int = 8):
         super().__init__(process_group)
         self.node_groups = hierarchical_node_groups(process_group) if hierarchical else None
         self.optimizer = optimizer
+        self.codec = CODECS[bits]
+        #: bits=1: each momentum bucket's error-feedback residuals (algorithm state, per rank)
+        self.residuals = BucketResiduals("qadam", process_group, logger) if bits == 1 else None
+        self.state_per_rank = self.residuals is not None
         self.segment_elems = SEGMENT_ELEMS  # of the compressed momentum allreduce
         #: the momentum averaged during backward (``overlap``); ``speculation.stats`` counts its hits
         self.speculation = Speculation(enabled=overlap)
@@ -143,6 +187,8 @@ class QAdamImpl(AlgorithmImpl):
         names = ddp.for_algorithms.names_in(bucket)
         params = [ddp.for_algorithms.parameter(name) for name in names]
         momentum = MomentumBucket(self.optimizer, [(p, self._groups[id(p)]) for p in params], bucket.name)
+        if self.residuals is not None:
+            momentum.feedback = self.residuals.attach(id(bucket), names, momentum.starts, [p.numel() for p in params])
         self._momentum[id(bucket)] = momentum
         self._slots.update((name, (momentum, i)) for i, name in enumerate(names))
         self.speculation.forget()
@@ -150,7 +196,7 @@ class QAdamImpl(AlgorithmImpl):
         if self._ops_in_warmup:
             append_gradient_allreduce(bucket, self.process_group, average=True, node_groups=self.node_groups)
         else:
-            bucket.append_op(lambda _: self._average(momentum, ahead=True), f"speculated_momentum_allreduce[{COMPRESSION}]")
+            bucket.append_op(lambda _: self._average(momentum, ahead=True), f"speculated_momentum_allreduce[{self.codec}]")
 
     def on_tensor_ready(self, ddp, name: str, param: torch.nn.Parameter) -> None:
         if not self.optimizer.in_warmup and self.speculation.active:  # its momentum now, while backward goes on
@@ -160,20 +206,24 @@ class QAdamImpl(AlgorithmImpl):
     def _average(self, momentum: MomentumBucket, ahead: bool) -> Optional[Handle]:
         """Fill ``momentum``'s ratios (``ahead``: those backward's hooks have not, from the gradients
         as they are, speculating) and launch their allreduce once the previous bucket's has finished:
-        one in flight at a time. Returns its handle, unfinished."""
+        one in flight at a time. Returns its handle, unfinished. With 1 bit, a speculation runs on
+        a provisional copy of the residuals, which only a hit keeps."""
         if ahead:
             self.speculation.complete(momentum)
         else:
             momentum.fill()
         self._finish_in_flight()
+        feedback = momentum.residuals(provisional=ahead)
         if self.node_groups is not None:
-            hierarchical_allreduce(momentum.flat, op=ReduceOp.AVG, compression=COMPRESSION, nonfinite="propagate",
-                                   groups=self.node_groups, starts=momentum.starts, segment_elems=self.segment_elems)
+            hierarchical_allreduce(momentum.flat, op=ReduceOp.AVG, compression=self.codec, nonfinite="propagate",
+                                   groups=self.node_groups, starts=momentum.starts, segment_elems=self.segment_elems,
+                                   error_feedback=feedback)
             self._in_flight = None
         else:
-            self._in_flight = compressed_allreduce(momentum.flat, op=ReduceOp.AVG, codec=COMPRESSION,
+            self._in_flight = compressed_allreduce(momentum.flat, op=ReduceOp.AVG, codec=self.codec,
                                                    group=self.process_group, async_op=True, nonfinite="propagate",
-                                                   starts=momentum.starts, segment_elems=self.segment_elems)
+                                                   starts=momentum.starts, segment_elems=self.segment_elems,
+                                                   error_feedback=feedback)
         return self._in_flight
 
     def _finish_in_flight(self) -> None:
@@ -193,6 +243,22 @@ class QAdamImpl(AlgorithmImpl):
 
     def on_weights_loaded(self, ddp) -> None:
         self.speculation.forget()
+
+    def on_rebucket(self, ddp, carry: Carry) -> None:
+        """bits=1: the residuals move to the new buckets tensor by tensor."""
+        if self.residuals is not None:
+            self.residuals.rebucketed(id(b) for b in ddp.buckets)
+
+    def state_dict(self) -> dict:
+        """bits=1: this rank's residuals per parameter name (``BucketResiduals.state_dict``);
+        bits=8: nothing (the momentum is the optimizer's state)."""
+        return {} if self.residuals is None else self.residuals.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """bits=1: restore this rank's residuals (a state without them, of another rank or world
+        size restarts them at zero)."""
+        if self.residuals is not None:
+            self.residuals.load_state_dict(state)
 
     def tunables(self, ddp) -> dict[str, Tunable]:
         """The bucket size and the segment size of the momentum's compressed allreduce (each
@@ -229,6 +295,10 @@ class QAdamImpl(AlgorithmImpl):
             skip, hit = bool(verdict[0]), hit and not verdict.any()
         self.speculation.conclude(speculated, hit)
         self._averaged = hit
+        if hit:  # the speculation's residuals become the step's; on a miss they are dropped
+            self._finish_in_flight()
+            for momentum in self._momentum.values():
+                momentum.commit()
         return skip
 
     def covers(self, p: torch.Tensor) -> bool:
@@ -256,18 +326,23 @@ class QAdamImpl(AlgorithmImpl):
 
 @Algorithm.register("qadam")
 class QAdamAlgorithm(Algorithm):
-    """QAdam: exact gradient averaging during warm-up, then compressed momentum averaging, during
-    backward (``overlap``) or in ``QAdamOptimizer.step`` (see the module docstring and
-    ``bagua.optim.QAdamOptimizer``).
+    """QAdam: exact gradient averaging during warm-up, then compressed momentum averaging (8 bits,
+    or 1 bit with error feedback), during backward (``overlap``) or in ``QAdamOptimizer.step``
+    (see the module docstring and ``bagua.optim.QAdamOptimizer``).
 
     Args:
         q_adam_optimizer: the ``bagua.optim.QAdamOptimizer`` that steps the model. The wrapper
             attaches to it until ``close()`` (one at a time: the one built last).
-        hierarchical: exact within nodes, compressed across node leaders.
+        hierarchical: exact within nodes, compressed across node leaders (with ``bits=1`` the
+            leaders keep the residuals).
         overlap: after warm-up, average each bucket's momentum during backward, speculatively
             (``bagua.algorithms.qadam_speculation``): the same bits as ``overlap=False``, which
             averages in ``step()``, in every loop but those that write into the parameters or
             the optimizer's state between backward and step past the version counters.
+        bits: 8 (default): the momentum ratios MinMaxUInt8-compressed; 1: their signs and one
+            scale per 256 values (sign1, about 28x fewer bytes than fp32, 7x fewer than 8
+            bits), with error feedback on every rank and on each chunk's reducer, kept as this
+            algorithm's state (saved per rank by checkpoints, carried by rebucketing).
 
     Example::
 
@@ -275,18 +350,24 @@ class QAdamAlgorithm(Algorithm):
         model = bagua.DistributedDataParallel(model, [opt], QAdamAlgorithm(opt))
         model = bagua.DistributedDataParallel(model, [opt], "qadam", hierarchical=True)   # the same, by name
         model = bagua.DistributedDataParallel(model, [opt], QAdamAlgorithm(opt, overlap=False))  # in step() only
+        model = bagua.DistributedDataParallel(model, [opt], "qadam", bits=1)   # 1-bit momentum
     """
 
     optimizer_class = QAdamOptimizer  # by name: the wrapper's one QAdamOptimizer
 
-    def __init__(self, q_adam_optimizer: QAdamOptimizer, hierarchical: bool = False, overlap: bool = True):
+    def __init__(self, q_adam_optimizer: QAdamOptimizer, hierarchical: bool = False, overlap: bool = True,
+                 bits: int = 8):
         if not isinstance(q_adam_optimizer, QAdamOptimizer):
             raise TypeError(
                 f"QAdamAlgorithm needs a bagua.optim.QAdamOptimizer, got {type(q_adam_optimizer).__name__}"
             )
+        if not isinstance(bits, int) or isinstance(bits, bool) or bits not in CODECS:
+            raise ValueError(f"QAdamAlgorithm: bits must be one of {sorted(CODECS, reverse=True)} (8: MinMaxUInt8 "
+                             f"momentum, 1: sign1 with error feedback), got {bits!r}")
         self.optimizer = q_adam_optimizer
         self.hierarchical = bool(hierarchical)
         self.overlap = bool(overlap)
+        self.bits = int(bits)
 
     def reify(self, process_group: BaguaProcessGroup) -> AlgorithmImpl:
-        return QAdamImpl(process_group, self.optimizer, self.hierarchical, self.overlap)
+        return QAdamImpl(process_group, self.optimizer, self.hierarchical, self.overlap, self.bits)

@@ -31,8 +31,9 @@ momentum is computed in ``step`` from the processed gradient (the original compu
 backward from the raw gradient, so clipping, GradScaler and accumulation were ignored) and it
 includes the L2 weight decay (the original dropped it after warm-up); the variance's bias
 correction freezes with it at ``warmup_steps`` (the original kept dividing by 1 − β2^t); the
-floor above (the original divided by eps alone where v was 0); no error feedback (1-bit Adam
-compensates the compression error; Bagua did not either); warm-up is ``warmup_steps`` Adam
+floor above (the original divided by eps alone where v was 0); error feedback only with
+``QAdamAlgorithm(bits=1)`` (1-bit Adam compensates the compression error; Bagua's 8-bit QAdam did
+not, nor does ``bits=8``); warm-up is ``warmup_steps`` Adam
 steps (the original's was one shorter); and the step count is one counter, ``step_count``,
 saved by ``state_dict()`` (the original kept an int ``step`` per parameter).
 

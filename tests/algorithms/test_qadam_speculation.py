@@ -66,12 +66,12 @@ BETWEEN = {
 
 def _loop(rank: int, overlap: bool, between=None, *, scaler: str = "", accumulate: bool = False,
           fused: bool = False, unused: bool = False, rebucket: bool = False, hierarchical: bool = False,
-          nan: bool = False, autotune: bool = False) -> dict:
+          nan: bool = False, autotune: bool = False, bits: int = 8) -> dict:
     model = _Net(extra_head=unused)  # used by every rank in warm-up, then by rank 0 alone
     opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=WARMUP, weight_decay=0.01)
     if fused:
         opt = bagua.optim.fuse_optimizer(opt)
-    algorithm = bagua.algorithms.QAdamAlgorithm(opt, overlap=overlap, hierarchical=hierarchical)
+    algorithm = bagua.algorithms.QAdamAlgorithm(opt, overlap=overlap, hierarchical=hierarchical, bits=bits)
     ddp = bagua.DistributedDataParallel(model, [opt], algorithm, find_unused_parameters=unused, bucket_size_bytes=1024,
                                         autotune=TUNING if autotune else None)
     grad_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10) if scaler else None
@@ -109,8 +109,10 @@ def _loop(rank: int, overlap: bool, between=None, *, scaler: str = "", accumulat
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
     momentum = torch.cat([opt.state[p]["exp_avg"].reshape(-1) for p in model.parameters()]).clone()
     stats = ddp.impl.speculation.stats
+    residuals = ddp.impl.state_dict()  # bits=1: this rank's error-feedback residuals per parameter
     ddp.close()
-    return dict(params=params, momentum=momentum, stats=stats, extra_grad_none=extra_grads, steps=step + 1)
+    return dict(params=params, momentum=momentum, stats=stats, extra_grad_none=extra_grads, steps=step + 1,
+                residuals=residuals)
 
 
 LOOPS = {
@@ -139,8 +141,21 @@ def _job(rank: int) -> dict:
     return out
 
 
-def _hierarchical_job(rank: int) -> dict:
-    return {overlap: _loop(rank, overlap, hierarchical=True) for overlap in (True, False)}
+def _hierarchical_job(rank: int, bits: int) -> dict:
+    return {overlap: _loop(rank, overlap, hierarchical=True, bits=bits) for overlap in (True, False)}
+
+
+# bits=1: a speculation runs on a provisional copy of the error-feedback residuals; a miss (the
+# loops that change the gradients after backward, the skipped and the raising steps) must leave
+# them as the last step that averaged did, or the step averaging again would count twice
+ONE_BIT_LOOPS = {name: LOOPS[name] for name in (
+    "plain", "clip_binding", "clip_never_binding", "further_backward_under_no_sync", "grad_scaler_unscale_",
+    "grad_scaler_skips_a_step", "fused", "rebucketed_mid_run", "autotuned", "nan_on_one_rank_raises")}
+
+
+def _one_bit_job(rank: int) -> dict:
+    return {name: {overlap: _loop(rank, overlap, bits=1, **kw) for overlap in (True, False)}
+            for name, kw in ONE_BIT_LOOPS.items()}
 
 
 @pytest.fixture(scope="module")
@@ -148,14 +163,27 @@ def results() -> list[dict]:
     return run_ranks(_job, 2, timeout=240)
 
 
-def test_every_loop_has_the_bits_of_averaging_in_step_on_every_rank(results):
-    for name in LOOPS:
+def _assert_both_ways_alike(results: list[dict], loops) -> None:
+    """Each loop's overlapped run has the bits of its run averaging in step(), residuals included
+    (bits=1), on every rank; the ranks' weights are identical."""
+    for name in loops:
         for r in results:
             ours, theirs = r[name][True], r[name][False]
             assert ours["steps"] == theirs["steps"], name
             for key in ("params", "momentum"):  # bit for bit, NaN included
                 assert torch.equal(ours[key].view(torch.int32), theirs[key].view(torch.int32)), (name, key)
+            assert _same_residuals(ours["residuals"], theirs["residuals"]), name
         assert torch.equal(results[0][name][True]["params"], results[1][name][True]["params"]), name
+
+
+def _same_residuals(ours: dict, theirs: dict) -> bool:
+    return ours.keys() == theirs.keys() and all(
+        ours[side].keys() == theirs[side].keys() and all(torch.equal(ours[side][k], theirs[side][k]) for k in ours[side])
+        for side in ("worker", "server") if side in ours)
+
+
+def test_every_loop_has_the_bits_of_averaging_in_step_on_every_rank(results):
+    _assert_both_ways_alike(results, LOOPS)
 
 
 def test_the_speculation_hits_where_the_step_sees_what_backward_left(results):
@@ -202,9 +230,54 @@ def test_each_step_logs_the_hit_rate_at_debug(results):
     assert any("missed" in line and "pausing 1 step(s)" in line for line in log), log[:3]
 
 
-def test_hierarchical_on_two_simulated_nodes_has_the_bits_of_averaging_in_step():
-    results = run_ranks(_hierarchical_job, 4, local_world_size=2, timeout=240)
+@pytest.mark.parametrize("bits", [8, 1])
+def test_hierarchical_on_two_simulated_nodes_has_the_bits_of_averaging_in_step(bits):
+    results = run_ranks(_hierarchical_job, 4, bits, local_world_size=2, timeout=240)
     for r in results:
         assert torch.equal(r[True]["params"], r[False]["params"])
         assert r[True]["stats"].hits == AFTER_WARMUP
     assert all(torch.equal(r[True]["params"], results[0][True]["params"]) for r in results)
+
+
+@pytest.fixture(scope="module")
+def one_bit() -> list[dict]:
+    return run_ranks(_one_bit_job, 2, timeout=240)
+
+
+def test_one_bit_every_loop_has_the_bits_of_averaging_in_step_residuals_included(one_bit):
+    _assert_both_ways_alike(one_bit, ONE_BIT_LOOPS)
+    assert all(one_bit[0][name][True]["residuals"]["worker"] for name in ("plain", "clip_binding"))
+
+
+def test_one_bit_speculation_misses_where_it_must_and_hits_elsewhere(one_bit):
+    for r in one_bit:
+        for name in ("clip_binding", "further_backward_under_no_sync", "grad_scaler_unscale_",
+                     "grad_scaler_skips_a_step"):
+            stats = r[name][True]["stats"]
+            assert (stats.hits, stats.misses) == (0, 2), (name, stats)  # the residuals were really restored
+        for name in ("plain", "clip_never_binding", "fused", "rebucketed_mid_run", "autotuned"):
+            assert r[name][True]["stats"].hits == AFTER_WARMUP, name
+        for name in ("clip_binding", "plain"):  # residuals were kept (they are not all zero)
+            assert any(t.abs().sum() > 0 for t in r[name][True]["residuals"]["worker"].values()), name
+
+
+def test_one_bit_residuals_never_absorb_a_nonfinite_value(one_bit):
+    for r in one_bit:
+        run = r["grad_scaler_skips_a_step"][True]  # skipped on every rank: the residuals stay as they were
+        assert run["steps"] == STEPS and torch.isfinite(run["params"]).all()
+        assert run["residuals"]["worker"] and all(torch.isfinite(t).all() for side in ("worker", "server")
+                                                  for t in run["residuals"][side].values())
+        raised = r["nan_on_one_rank_raises"][True]  # every gradient NaN: every bucket's residuals restart at zero
+        assert raised["steps"] == WARMUP + 2 and raised["residuals"]["worker"] == {}
+
+
+def test_one_bit_layout_of_buckets_and_fusing_change_no_bit(one_bit):
+    for r in one_bit:
+        for name in ("fused", "rebucketed_mid_run", "autotuned"):
+            assert torch.equal(r[name][True]["params"], r["plain"][True]["params"]), name
+            mine, plain = r[name][True]["residuals"]["worker"], r["plain"][True]["residuals"]["worker"]
+            assert mine.keys() == plain.keys() and all(torch.equal(mine[k], plain[k]) for k in mine), name
+    for name in ("fused", "rebucketed_mid_run", "autotuned"):  # a server residual lives on its reducer: the sum
+        for key in one_bit[0]["plain"][True]["residuals"]["server"]:
+            ours, plain = (sum(r[v][True]["residuals"]["server"][key] for r in one_bit) for v in (name, "plain"))
+            assert torch.equal(ours, plain), (name, key)

@@ -21,13 +21,13 @@ from tests.harness import run_ranks
 from tests.payloads import RunsCodeWhenUnpickled
 from tests.parallel.models import flat_params, make_model, rank_batches, train
 
-ALGORITHMS = ["gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam",
+ALGORITHMS = ["gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam", "qadam_1bit",
               "onebit_grad"]
 
 
 def _wrapped(rank: int, algorithm: str, fused: bool, seed: int):
     model = make_model(seed=seed)
-    if algorithm == "qadam":
+    if algorithm.startswith("qadam"):
         opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=2)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -35,6 +35,7 @@ def _wrapped(rank: int, algorithm: str, fused: bool, seed: int):
         opt = bagua.optim.fuse_optimizer(opt)
     algo = {
         "qadam": lambda: bagua.algorithms.QAdamAlgorithm(opt),
+        "qadam_1bit": lambda: bagua.algorithms.QAdamAlgorithm(opt, bits=1),  # residuals of step 3 saved
         "async": lambda: bagua.algorithms.AsyncModelAverageAlgorithm(sync_interval_ms=1, warmup_steps=2),
         "onebit_grad": lambda: bagua.algorithms.OneBitGradAlgorithm(warmup_steps=1),  # residuals of 2 steps saved
     }.get(algorithm, lambda: algorithm)()

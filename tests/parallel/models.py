@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 
 
-def make_model(seed: int = 0) -> torch.nn.Module:
+def make_model(seed: int = 0, width: int = 16) -> torch.nn.Module:
+    """An MLP 12 -> ``width`` -> 16 -> 3 (``width=256``: 4.6k parameters, several sign1 blocks per tensor)."""
     torch.manual_seed(seed)
     return torch.nn.Sequential(
-        torch.nn.Linear(12, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)
+        torch.nn.Linear(12, width), torch.nn.Tanh(), torch.nn.Linear(width, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)
     )
 
 

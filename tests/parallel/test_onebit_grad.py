@@ -11,16 +11,14 @@ import torch.nn.functional as F
 
 import bagua
 from tests.harness import run_ranks
-from tests.parallel.models import flat_params, rank_batches
+from tests.parallel.models import flat_params, make_model, rank_batches
 
 WARMUP = 2
 STEPS = 6
 
 
 def _model() -> torch.nn.Module:
-    torch.manual_seed(0)  # 4.6k parameters: several sign1 blocks per tensor
-    return torch.nn.Sequential(torch.nn.Linear(12, 256), torch.nn.Tanh(), torch.nn.Linear(256, 16),
-                               torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    return make_model(width=256)  # 4.6k parameters: several sign1 blocks per tensor
 
 
 def _run(rank: int, fused: bool = False, reconfigure: bool = False, hierarchical: bool = False) -> dict:

@@ -16,7 +16,7 @@ QADAM_WARMUP = 4  # the rebucket before step 3 is in QAdam's (onebit_grad's) war
 
 
 def _optimizer(model, algorithm: str, fused: bool):
-    if algorithm == "qadam":
+    if algorithm.startswith("qadam"):
         opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=QADAM_WARMUP)
     else:
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
@@ -27,6 +27,7 @@ def _train(rank: int, algorithm: str, fused: bool, schedule: dict, accumulate: b
     model = make_model(seed=rank)
     opt = _optimizer(model, algorithm, fused)
     algo = {"qadam": lambda: bagua.algorithms.QAdamAlgorithm(opt),  # warm-ups end between the two rebuckets
+            "qadam_1bit": lambda: bagua.algorithms.QAdamAlgorithm(opt, bits=1),  # its residuals carried at step 6
             "onebit_grad": lambda: bagua.algorithms.OneBitGradAlgorithm(warmup_steps=QADAM_WARMUP)}.get(algorithm, lambda: algorithm)()
     ddp = bagua.DistributedDataParallel(model, [opt], algo, bucket_size_bytes=SMALL)
     buckets = []
@@ -43,12 +44,14 @@ def _train(rank: int, algorithm: str, fused: bool, schedule: dict, accumulate: b
         opt.fuse_step() if fused else opt.step()
         buckets.append(len(ddp.buckets))
     state = [t.reshape(-1) for s in opt.state_dict()["state"].values() for t in s.values() if torch.is_tensor(t)]
-    return {"weights": flat_params(model), "state": torch.cat(state), "buckets": buckets,
+    residuals = ddp.impl.state_dict().get("worker", {})  # error feedback (onebit_grad, qadam_1bit), by name
+    return {"weights": flat_params(model), "state": torch.cat(state), "buckets": buckets, "residuals": residuals,
             "fused_grads_shared": fused and all(b.adopted for b in ddp.buckets if algorithm != "decentralized")}
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused"])
-@pytest.mark.parametrize("algorithm", ["gradient_allreduce", "bytegrad", "decentralized", "qadam", "onebit_grad"])
+@pytest.mark.parametrize("algorithm", ["gradient_allreduce", "bytegrad", "decentralized", "qadam", "qadam_1bit",
+                                       "onebit_grad"])
 def test_rebucketing_mid_training_changes_no_weight_and_no_optimizer_state(algorithm, fused):
     accumulate = algorithm == "gradient_allreduce"
     changed = run_ranks(_train, 2, algorithm, fused, SCHEDULE, accumulate)
@@ -57,6 +60,9 @@ def test_rebucketing_mid_training_changes_no_weight_and_no_optimizer_state(algor
     for rank in range(2):
         assert torch.equal(changed[rank]["weights"], never[rank]["weights"]), f"rank {rank}: weights differ"
         assert torch.equal(changed[rank]["state"], never[rank]["state"]), f"rank {rank}: optimizer state differs"
+        ours, theirs = changed[rank]["residuals"], never[rank]["residuals"]
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+        assert bool(ours) == (algorithm in ("onebit_grad", "qadam_1bit"))
     if algorithm != "decentralized":  # replicas of the decentralized ones legitimately differ
         assert torch.equal(changed[0]["weights"], changed[1]["weights"])
     if fused:
