@@ -24,10 +24,12 @@ local                 no wrapper, no communication: the step's compute alone (wh
 qadam-nooverlap       the same with ``overlap=False`` (the momentum averaged in ``step()``, not during backward)
 qadam-clip            qadam with ``clip_grad_norm_(params, --clip-norm)`` between backward and step
 qadam-nooverlap-clip  the same with ``overlap=False``
+qadam1                qadam with ``bits=1`` (1-bit momentum with error feedback); ``qadam1-nooverlap``
 ====================  ========================================================================
 
-The last three run only when named (``--net-variants bytegrad qadam qadam-nooverlap qadam-clip
-qadam-nooverlap-clip``); rank 0 then logs each qadam variant's speculation hits and misses.
+The last five run only when named (``--net-variants bytegrad qadam qadam-nooverlap qadam-clip
+qadam-nooverlap-clip``, ``--net-variants ddp qadam qadam1``); rank 0 then logs each qadam
+variant's speculation hits and misses.
 
 Measured per variant: the median step time over all timed steps (each rank's median, then the max
 over ranks), the "epoch" time (the sum of the timed blocks, i.e. ``--reps * --block`` steps; max

@@ -22,8 +22,9 @@ ALL_VARIANTS = (
 # default) and without (-nobuf): what broadcast_buffers costs each of them.
 BUFFER_VARIANTS = ("ddp-bn", "ddp-bn-nobuf", "gradient_allreduce-bn", "gradient_allreduce-bn-nobuf")
 # qadam with its momentum averaged in step() (overlap=False) instead of during backward, and each
-# with clip_grad_norm_ before every step: what the overlap buys, and what clipping costs it.
-QADAM_VARIANTS = ("qadam-nooverlap", "qadam-clip", "qadam-nooverlap-clip")
+# with clip_grad_norm_ before every step: what the overlap buys, and what clipping costs it; qadam1:
+# its 1-bit momentum (bits=1), against qadam's 8 bits.
+QADAM_VARIANTS = ("qadam-nooverlap", "qadam-clip", "qadam-nooverlap-clip", "qadam1", "qadam1-nooverlap")
 NETWORK_VARIANTS = (
     "ddp", "ddp-fp16", "gradient_allreduce", "bytegrad", "decentralized",
     "low_precision_decentralized", "async", "qadam", "onebit_grad",
@@ -45,6 +46,8 @@ LABELS = {
     "qadam-nooverlap": "bagua qadam, overlap=False (momentum averaged in step())",
     "qadam-clip": "bagua qadam, clip_grad_norm_(--clip-norm) before each step",
     "qadam-nooverlap-clip": "bagua qadam, overlap=False, clip_grad_norm_(--clip-norm) before each step",
+    "qadam1": "bagua qadam, bits=1 (1-bit momentum, error feedback)",
+    "qadam1-nooverlap": "bagua qadam, bits=1, overlap=False",
     "ddp-bn": "torch DDP, BatchNorm, buffers broadcast",
     "ddp-bn-nobuf": "torch DDP, BatchNorm, broadcast_buffers=False",
     "gradient_allreduce-bn": "bagua gradient_allreduce, BatchNorm, buffers broadcast",
@@ -143,7 +146,7 @@ def key_summary(jobs: list[dict[str, Any]], gpu: Optional[dict[str, Any]]) -> tu
             if name != "ddp" and "ddp" in vs:
                 key[f"{j['setting']}_x{j['world']}_ddp_over_{name}"] = vs["ddp"]["epoch_s"] / vs[name]["epoch_s"]
         for a, b, target in (("qadam", "bytegrad", 1.10), ("qadam-nooverlap", "bytegrad", None),
-                             ("qadam-clip", "qadam-nooverlap-clip", 1.0)):
+                             ("qadam-clip", "qadam-nooverlap-clip", 1.0), ("qadam1", "qadam", None)):
             if a in vs and b in vs:
                 r = vs[a]["step_s"] / vs[b]["step_s"]
                 key[f"{j['setting']}_x{j['world']}_{a}_over_{b}"] = r
@@ -203,7 +206,7 @@ COLORS = {
     "ddp": "black", "ddp-fp16": "dimgray", "gradient_allreduce": "tab:blue", "bytegrad": "tab:red",
     "decentralized": "tab:green", "low_precision_decentralized": "tab:olive", "async": "tab:purple",
     "qadam": "tab:orange", "ddp-10MB": "silver", "gradient_allreduce-10MB": "tab:cyan",
-    "bytegrad-10MB": "tab:pink", "onebit_grad": "tab:brown", "local": "lightgray",
+    "bytegrad-10MB": "tab:pink", "onebit_grad": "tab:brown", "local": "lightgray", "qadam1": "gold",
 }
 
 

@@ -17,6 +17,7 @@ ddp-fp16              torch DDP + ``default_hooks.fp16_compress_hook``
 onebit_grad           bagua, 1-bit (sign1) gradient allreduce with error feedback, ``warmup_steps=warmup``
 local                 no wrapper, no communication: the step's compute alone
 qadam-nooverlap       qadam with ``overlap=False`` (its momentum averaged in ``step()``)
+qadam1[-nooverlap]    qadam with ``bits=1`` (1-bit momentum with error feedback)
 ====================  ========================================================================
 
 async: its background thread is resumed (``algo.resume(ddp)``) before each of its blocks and
@@ -88,8 +89,9 @@ class Variant:
                 self.model.register_comm_hook(state=None, hook=default_hooks.fp16_compress_hook)
         else:
             base = name.split("-")[0]
-            if base == "qadam":
-                algo = bagua.algorithms.QAdamAlgorithm(optimizer, overlap="-nooverlap" not in name)
+            if base in ("qadam", "qadam1"):
+                algo = bagua.algorithms.QAdamAlgorithm(optimizer, overlap="-nooverlap" not in name,
+                                                       bits=1 if base == "qadam1" else 8)
             elif base == "async":
                 algo = bagua.algorithms.AsyncModelAverageAlgorithm(sync_interval_ms=async_interval_ms, warmup_steps=0)
             elif base == "onebit_grad":  # its exact warm-up: the untimed steps

@@ -46,12 +46,12 @@ logger = logging.getLogger("time_to_accuracy")
 JSON_TAG = "@@tta@@ "
 BASELINE = "torch-ddp"
 VARIANTS = [BASELINE, "gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam",
-            "onebit_grad"]
+            "qadam1", "onebit_grad"]  # qadam1: qadam with a 1-bit momentum (bits=1)
 TIMED_ON_EVERY_LINK = {"async"}  # results depend on timing: trained in full on every link
 LONGER = 1.3  # the other variants train this many times DDP's steps: the bound for "reaches the target"
 # steps of a first phase that runs otherwise (qadam's and onebit_grad's fp32 warm-up: train_lm's
 # --warmup-steps): a timed run covers them, then timing steps of the steady phase
-PHASE_STEPS = {"qadam": 50, "onebit_grad": 50}
+PHASE_STEPS = {"qadam": 50, "qadam1": 50, "onebit_grad": 50}
 TIE = 1e-4  # a loss within this relative distance of the target reaches it (exact algorithms differ in last bits on 4 ranks)
 # model and run sizes: (flags for train_lm.py, steps, eval every, timing steps)
 SIZES = {

@@ -9,7 +9,7 @@ tokenizer, no weights), and the whole toolkit as a user would adopt it:
   gets the same work per step (``--sampler torch`` for torch's ``DistributedSampler`` instead);
 - the reading of documents cached in LMDB (``CachedDataset``);
 - the optimizer fused (``fuse_optimizer``: AdamW, one kernel over flat buffers);
-- any algorithm (``--algorithm``; qadam with ``QAdamOptimizer``), under torchrun or through the
+- any algorithm (``--algorithm``; qadam, and qadam1 (its 1-bit momentum), with ``QAdamOptimizer``), under torchrun or through the
   Lightning strategy (``--lightning``).
 
     torchrun --standalone --nproc-per-node 2 examples/train_lm.py --steps 300
@@ -47,7 +47,7 @@ from stdlib_corpus import VOCAB, StdlibDocuments, pad_batch  # noqa: E402
 import bagua  # noqa: E402
 
 ALGORITHMS = ("gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam",
-              "onebit_grad")
+              "qadam1", "onebit_grad")  # qadam1: qadam with a 1-bit momentum (bits=1)
 BASELINE = "torch-ddp"  # torch.nn.parallel.DistributedDataParallel on the same loop, to compare with
 
 
@@ -121,7 +121,7 @@ def batch_sampler(args: argparse.Namespace, dataset, lengths: np.ndarray, rank: 
 
 def make_optimizer(args: argparse.Namespace, model: torch.nn.Module) -> torch.optim.Optimizer:
     lr = args.lr or 1e-3
-    if args.algorithm == "qadam":
+    if args.algorithm in ("qadam", "qadam1"):
         opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=lr, warmup_steps=max(1, args.warmup_steps), weight_decay=0.01)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
@@ -144,8 +144,8 @@ def schedule(args: argparse.Namespace, opt: torch.optim.Optimizer) -> torch.opti
 def make_algorithm(name: str, optimizer: torch.optim.Optimizer, warmup_steps: int):
     """The algorithm ``name``; qadam and onebit_grad with an exact warm-up of ``warmup_steps``
     (the learning rate's: the large early gradients stay uncompressed)."""
-    if name == "qadam":
-        return bagua.algorithms.QAdamAlgorithm(optimizer)
+    if name in ("qadam", "qadam1"):
+        return bagua.algorithms.QAdamAlgorithm(optimizer, bits=1 if name == "qadam1" else 8)
     if name == "async":
         return bagua.algorithms.AsyncModelAverageAlgorithm(sync_interval_ms=50, warmup_steps=20)
     if name == "onebit_grad":
