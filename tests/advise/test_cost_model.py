@@ -128,11 +128,14 @@ def _one_step_traffic(rank: int, name: str) -> dict:
     """Bytes by collective kind that one step of ``name`` sends, after a warm-up step."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 40))
-    if name == "qadam":
+    if name.startswith("qadam"):
         opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=1)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    algorithm = bagua.algorithms.OneBitGradAlgorithm(warmup_steps=1) if name == "onebit_grad" else name
+    if name == "onebit_grad":
+        algorithm = bagua.algorithms.OneBitGradAlgorithm(warmup_steps=1)
+    else:
+        algorithm = bagua.algorithms.QAdamAlgorithm(opt, bits=1) if name == "qadam-1bit" else name
     ddp = bagua.DistributedDataParallel(model, [opt], algorithm=algorithm)
     x = torch.randn(8, 256)
     for step in range(2):
@@ -149,7 +152,7 @@ def _one_step_traffic(rank: int, name: str) -> dict:
 def _all_algorithms(rank: int) -> dict:
     return {name: _one_step_traffic(rank, name) for name in
             ("gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "qadam",
-                                                   "onebit_grad")}
+             "qadam-1bit", "onebit_grad")}
 
 
 def test_the_pattern_sends_what_the_algorithms_send():
