@@ -71,7 +71,7 @@ class BucketResiduals:
     def state_dict(self) -> dict:
         """This rank's residuals per parameter name (its own: they differ across ranks), with
         the rank and world size they belong to."""
-        pieces = self._per_name(zip(self._feedback.values(), self._members.values()))
+        pieces = self._per_name((feedback, self._members[key]) for key, feedback in self._feedback.items())
         return {"rank": self.process_group.rank, "world_size": self.process_group.size,
                 "worker": {name: t.clone() for name, t in pieces["worker"].items()},
                 "server": {name: t.clone() for name, t in pieces["server"].items()}}
