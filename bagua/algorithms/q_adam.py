@@ -256,9 +256,17 @@ class QAdamImpl(AlgorithmImpl):
 
     def load_state_dict(self, state: dict) -> None:
         """bits=1: restore this rank's residuals (a state without them, of another rank or world
-        size restarts them at zero)."""
-        if self.residuals is not None:
-            self.residuals.load_state_dict(state)
+        size restarts them at zero). Switching ``bits`` across a checkpoint warns: bits=8 drops
+        the residuals of a bits=1 state, bits=1 starts from zero after a bits=8 one."""
+        if self.residuals is None:
+            if state.get("worker"):
+                logger.warning("qadam bits=8: the checkpoint holds 1-bit error-feedback residuals (it was saved with "
+                               "bits=1); they are dropped. Wrap with bits=1 to keep them")
+            return
+        if "worker" not in state:
+            logger.warning("qadam bits=1: the checkpoint holds no error-feedback residuals (saved with bits=8); "
+                           "they start at zero")
+        self.residuals.load_state_dict(state)
 
     def tunables(self, ddp) -> dict[str, Tunable]:
         """The bucket size and the segment size of the momentum's compressed allreduce (each

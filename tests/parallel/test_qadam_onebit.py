@@ -107,6 +107,8 @@ def test_a_checkpoint_without_this_ranks_residuals_restarts_them_at_zero(writer)
         assert r["after"]["algorithm"]["worker"]  # residuals again after the steps that followed
         warned = any("residuals of rank 0 of 2, this is rank 1 of 2" in m for m in r["records"])
         assert warned == (writer == "rank0" and rank == 1), r["records"]
+        switched = any("saved with bits=8" in m for m in r["records"])
+        assert switched == (writer == "bits8"), r["records"]
 
 
 def _bad_bits(rank: int, bits) -> str:
@@ -123,3 +125,29 @@ def _bad_bits(rank: int, bits) -> str:
 def test_other_widths_are_a_clear_error(bits):
     for message in run_ranks(_bad_bits, 1, bits, timeout=60):
         assert "bits must be one of [8, 1]" in message and repr(bits) in message, message
+
+
+def _bits1_state_into_bits8(rank: int) -> list[str]:
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logging.getLogger("bagua.algorithms.q_adam").addHandler(handler)
+    saved = None
+    for bits in (1, 8):
+        model = _model()
+        opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=3e-3, warmup_steps=1)
+        ddp = bagua.DistributedDataParallel(model, [opt], "qadam", bits=bits)
+        for x, y in _batches(rank, 3):
+            opt.zero_grad()
+            F.cross_entropy(ddp(x), y).backward()
+            opt.step()
+        if saved is not None:
+            ddp.load_algorithm_state_dict(saved)
+        saved = ddp.algorithm_state_dict()
+        ddp.close()
+    return records
+
+
+def test_a_bits1_checkpoint_loaded_with_bits8_warns_that_its_residuals_are_dropped():
+    for records in run_ranks(_bits1_state_into_bits8, 2, timeout=120):
+        assert any("saved with bits=1); they are dropped" in m for m in records), records
