@@ -8,6 +8,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PYTEST_ARGS ?=
 # pytest processes: the suite's ranks leave a core idle half the time; 2 workers use it
+# (--dist loadgroup: a module marked xdist_group runs on one worker, so its module-scoped jobs run once)
 PYTEST_WORKERS ?= 2
 
 .PHONY: demo test bench bench-comm gpu-check system-deps clean
@@ -44,7 +45,7 @@ demo: $(VENV)/.installed-examples
 	$(PY) examples/train_digits.py --algorithm $(ALGORITHM)
 
 test: system-deps $(VENV)/.installed-test
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
 bench-comm: $(VENV)/.installed-bench
 	$(PY) benchmarks/comm.py

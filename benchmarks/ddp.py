@@ -209,7 +209,7 @@ def run_worker(args: argparse.Namespace) -> int:
     for v in variants:
         if v.name.startswith("qadam") and not v.is_torch:
             log(f"{v.name}: speculation {v.model.impl.speculation.stats}")
-        if v.name not in diverged:
+        if v.name not in diverged or v.is_torch:  # a torch DDP goes before the groups: Variant.close
             v.close()
     if rank == 0:
         job = {
@@ -289,6 +289,7 @@ def run_gpu(args: argparse.Namespace) -> Optional[dict[str, Any]]:
            "mlp": args.gpu_mlp, "params": mlp_params(dims), "batch": args.gpu_batch, "step_s": res,
            "reps": args.gpu_reps, "block": args.gpu_block}
     models["gradient_allreduce"].close()
+    models.clear()  # torch DDP before the groups (see step_timing.Variant.close)
     bagua.destroy_process_group()
     return job
 

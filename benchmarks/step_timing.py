@@ -129,8 +129,19 @@ class Variant:
             self._async_running = False
 
     def close(self) -> None:
+        """Stop the wrapper; call it on every rank before the process group is destroyed.
+
+        A torch DDP wrapper is dropped here: its C++ reducer holds a reference to the Gloo group,
+        and when that is the last one (the group already destroyed) the reducer's destructor joins
+        Gloo's worker threads with the GIL held, while a worker that is freeing a finished op's
+        tensors waits for the GIL: the finished job never exits (tests/benchmarks/test_tradeoff.py
+        hung so, about 1 run in 15 on a loaded 2-core machine). Dropped while the group is up, the
+        last reference goes with ``destroy_process_group``, which joins without the GIL.
+        """
         self.end_block()
-        if not self.is_torch and not self.is_local:
+        if self.is_torch:
+            self.model = None
+        elif not self.is_local:
             self.model.close()
 
 

@@ -171,7 +171,7 @@ def run_worker(args: argparse.Namespace) -> int:
     for v in variants:
         if v.name in rows:
             rows[v.name].update(messages_per_step(v.name, bucket_layout(v), world))
-        if v.name not in diverged:
+        if v.name not in diverged or v.is_torch:  # a torch DDP goes before the groups: Variant.close
             v.close()
     if rank == 0:
         tokens = [int(b["attention_mask"].sum()) for b in batches]

@@ -170,10 +170,57 @@ def run_ranks_expect_errors(
     return {r: tb for r, (_, tb) in sorted(outcomes.items())}
 
 
+def _descendants(pid: int) -> list[int]:
+    """``pid``'s child processes and theirs (from /proc), parents before children."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(0), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _dump_stacks(proc: subprocess.Popen) -> str:
+    """Every thread's stack in the stuck job's processes: native and Python frames from py-spy
+    where it is installed, and Python tracebacks from faulthandler (SIGABRT; the job runs with
+    PYTHONFAULTHANDLER=1), which print even when the main thread holds the GIL in a deadlock."""
+    import shutil
+    import signal
+    import sys
+
+    tree = [proc.pid, *_descendants(proc.pid)]
+    report = []
+    spy = shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
+    if spy:
+        for pid in tree:
+            try:
+                out = subprocess.run([spy, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
+                report.append(f"--- py-spy dump of {pid}\n{out.stdout}{out.stderr}")
+            except (OSError, subprocess.TimeoutExpired) as e:
+                report.append(f"--- py-spy dump of {pid} failed: {e}")
+    for pid in reversed(tree):  # workers first: their tracebacks reach the launcher's stderr
+        try:
+            os.kill(pid, signal.SIGABRT)
+        except ProcessLookupError:
+            pass
+        time.sleep(0.2)
+    return "\n".join(report)
+
+
 def run_command(cmd: list[str], timeout: float, cwd: Optional[str] = None) -> subprocess.CompletedProcess:
     """Run a whole job (a launcher, an example) to its end: the test fails with the job's output
     if it runs past ``timeout`` seconds (a hang) or exits non-zero; returns the finished process
-    (``stdout`` and ``stderr`` as text).
+    (``stdout`` and ``stderr`` as text). On a hang the failure shows every thread's stack in the
+    job's processes (see ``_dump_stacks``), then they are killed.
 
     Example::
 
@@ -181,10 +228,26 @@ def run_command(cmd: list[str], timeout: float, cwd: Optional[str] = None) -> su
     """
     import pytest
 
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"{' '.join(map(str, cmd))} did not finish in {timeout:.0f} s (a hang?)\n{e.stdout}\n{e.stderr}")
-    if proc.returncode != 0:
-        pytest.fail(f"{' '.join(map(str, cmd))} exited with {proc.returncode}:\n{(proc.stdout + proc.stderr)[-5000:]}")
-    return proc
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        tree = _descendants(proc.pid)
+        stacks = _dump_stacks(proc)
+        try:
+            stdout, stderr = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            stdout, stderr = "", ""
+        for pid in [proc.pid, *tree]:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        if not stdout and not stderr:
+            stdout, stderr = proc.communicate()
+        pytest.fail(f"{' '.join(map(str, cmd))} did not finish in {timeout:.0f} s (a hang?)\n{stdout}\n{stderr[-20000:]}\n{stacks}", pytrace=False)
+    done = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+    if done.returncode != 0:
+        pytest.fail(f"{' '.join(map(str, cmd))} exited with {done.returncode}:\n{(stdout + stderr)[-5000:]}")
+    return done

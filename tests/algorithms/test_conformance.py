@@ -411,6 +411,9 @@ def _row_job(rank: int, row: str, fused: bool) -> dict:
     return out
 
 
+# Under xdist (`--dist loadgroup`) one worker runs the module: each row's 2-rank job once, not once per worker.
+pytestmark = pytest.mark.xdist_group("conformance")
+
 CASES = [(row, fused) for row in ROWS for fused in (False, True)]
 
 

@@ -17,6 +17,9 @@ import torch.nn.functional as F
 import bagua
 from tests.harness import run_ranks
 
+# Under xdist (`--dist loadgroup`) one worker runs the module: its module-scoped jobs run once, not once per worker.
+pytestmark = pytest.mark.xdist_group("qadam_speculation")
+
 WARMUP, STEPS = 2, 6
 AFTER_WARMUP = STEPS - WARMUP
 # the autotuner rebuilds the buckets at step boundaries, after warm-up too

@@ -15,6 +15,9 @@ from bagua.checkpoint import load_checkpoint, save_checkpoint
 from tests.harness import run_ranks
 from tests.parallel.models import flat_params, make_model, rank_batches
 
+# Under xdist (`--dist loadgroup`) one worker runs the module: its module-scoped jobs run once, not once per worker.
+pytestmark = pytest.mark.xdist_group("algorithm_switch")
+
 ALGORITHMS = ["gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async"]
 IDENTICAL = {"gradient_allreduce", "bytegrad"}  # replicas identical after every step
 CASES = [(a, b, fused, when) for fused in (False, True) for a in ALGORITHMS for b in ALGORITHMS if a != b

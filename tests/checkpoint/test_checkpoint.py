@@ -21,6 +21,9 @@ from tests.harness import run_ranks
 from tests.payloads import RunsCodeWhenUnpickled
 from tests.parallel.models import flat_params, make_model, rank_batches, train
 
+# Under xdist (`--dist loadgroup`) one worker runs the module: its module-scoped jobs run once, not once per worker.
+pytestmark = pytest.mark.xdist_group("checkpoint")
+
 ALGORITHMS = ["gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam", "qadam_1bit",
               "onebit_grad"]
 

@@ -22,6 +22,9 @@ import bagua
 from tests.harness import run_ranks
 from tests.parallel.models import make_model, rank_batches
 
+# Under xdist (`--dist loadgroup`) one worker runs the module: its module-scoped jobs run once, not once per worker.
+pytestmark = pytest.mark.xdist_group("timeout")
+
 TIMEOUT_S = 5.0
 STUCK_S = 45.0  # how long rank 1 stays away at most: far beyond the timeout
 EXPLICIT_S = 3.0  # new_group(timeout=...) overrides the job's

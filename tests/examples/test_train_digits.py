@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 from tests.harness import run_command
 
+# Under xdist (`--dist loadgroup`) one worker runs the module: its module-scoped jobs run once, not once per worker.
+pytestmark = pytest.mark.xdist_group("train_digits")
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "train_digits.py"
 TORCHRUN = Path(sys.executable).parent / "torchrun"

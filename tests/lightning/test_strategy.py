@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+# Under xdist (`--dist loadgroup`) one worker runs the module: its module-scoped jobs run once, not once per worker.
+pytestmark = pytest.mark.xdist_group("lightning_strategy")
+
 pytest.importorskip("lightning")
 
 JOB = Path(__file__).with_name("_fit_job.py")

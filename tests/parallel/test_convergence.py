@@ -11,6 +11,9 @@ import torch
 
 from tests.harness import run_ranks
 
+# Under xdist (`--dist loadgroup`) one worker runs the module: its module-scoped jobs run once, not once per worker.
+pytestmark = pytest.mark.xdist_group("convergence")
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_digits.py"
 EPOCHS = 20
 

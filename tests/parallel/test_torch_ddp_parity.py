@@ -18,6 +18,9 @@ import bagua
 from tests.harness import run_ranks, run_ranks_expect_errors
 from tests.parallel.models import flat_params, make_model, rank_batches
 
+# Under xdist (`--dist loadgroup`) one worker runs the module: its module-scoped jobs run once, not once per worker.
+pytestmark = pytest.mark.xdist_group("torch_ddp_parity")
+
 
 def _wrap_torch(model, **kwargs):
     return torch.nn.parallel.DistributedDataParallel(model, **kwargs)
