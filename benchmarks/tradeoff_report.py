@@ -279,8 +279,10 @@ def target_markdown(results: dict[str, Any]) -> str:
     return (_table(["shape target", "bound", "measured", "status", "bytes allow (DDP's wire bytes / its)"], rows)
             + "\n\nA compressed variant's ratio is bounded by its bytes on the wire (measured per rank, TCP/IP "
             "included); below that, compute (which every variant pays) dilutes the ratio, and so does what a step "
-            "cannot hide: the low-precision ring exchange and qadam's momentum allreduce run after backward, each behind an agreement check, and every 8-bit "
-            "variant spends CPU on its codec that the exact ones do not.")
+            "cannot hide: the low-precision ring exchange runs after the optimizer step (and sends the whole model to "
+            "each of its two ring neighbours, so on 4 ranks its bytes allow only ~3x), qadam's Adam step is heavier than "
+            "the others' and checks its speculation, and every compressed variant spends CPU on its codec that the "
+            "exact ones do not.")
 
 
 def plot(results: dict[str, Any], fit: Optional[dict[str, Any]], path: Path) -> None:
