@@ -70,21 +70,33 @@ def test_one_bit_sends_a_seventh_of_eight_bits_and_trains_as_well():
     assert torch.equal(results[0][1]["params"], results[1][1]["params"])  # identical replicas
 
 
-def _resumed_from(rank: int, writer_bits: int, writer_rank: int) -> dict:
-    """A bits=1 wrapper loading the algorithm state of a bits=``writer_bits`` run of rank ``writer_rank``."""
+def _qadam_warnings() -> list[str]:
+    """The messages qadam's logger emits from now on in this rank's process."""
     records: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: records.append(record.getMessage())
     logging.getLogger("bagua.algorithms.q_adam").addHandler(handler)
+    return records
+
+
+def _trained_qadam(rank: int, bits: int):
+    """A fresh model, its QAdamOptimizer (1 warm-up step) and a qadam wrapper of ``bits``, after 3 steps."""
+    model = _model()
+    opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=3e-3, warmup_steps=1)
+    ddp = bagua.DistributedDataParallel(model, [opt], "qadam", bits=bits)
+    for x, y in _batches(rank, 3):
+        opt.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    return model, opt, ddp
+
+
+def _resumed_from(rank: int, writer_bits: int, writer_rank: int) -> dict:
+    """A bits=1 wrapper loading the algorithm state of a bits=``writer_bits`` run of rank ``writer_rank``."""
+    records = _qadam_warnings()
     states = {}
     for bits in (writer_bits, 1):
-        model = _model()
-        opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=3e-3, warmup_steps=1)
-        ddp = bagua.DistributedDataParallel(model, [opt], "qadam", bits=bits)
-        for x, y in _batches(rank, 3):
-            opt.zero_grad()
-            F.cross_entropy(ddp(x), y).backward()
-            opt.step()
+        model, opt, ddp = _trained_qadam(rank, bits)
         if bits == 1 and states:
             ddp.load_algorithm_state_dict(bagua.comm.allgather_object(states["saved"])[writer_rank])
             for x, y in _batches(rank, 2):  # goes on without a hang: the server residuals are handed over
@@ -128,19 +140,10 @@ def test_other_widths_are_a_clear_error(bits):
 
 
 def _bits1_state_into_bits8(rank: int) -> list[str]:
-    records: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: records.append(record.getMessage())
-    logging.getLogger("bagua.algorithms.q_adam").addHandler(handler)
+    records = _qadam_warnings()
     saved = None
     for bits in (1, 8):
-        model = _model()
-        opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=3e-3, warmup_steps=1)
-        ddp = bagua.DistributedDataParallel(model, [opt], "qadam", bits=bits)
-        for x, y in _batches(rank, 3):
-            opt.zero_grad()
-            F.cross_entropy(ddp(x), y).backward()
-            opt.step()
+        _, _, ddp = _trained_qadam(rank, bits)
         if saved is not None:
             ddp.load_algorithm_state_dict(saved)
         saved = ddp.algorithm_state_dict()
