@@ -199,8 +199,11 @@ class QAdamImpl(AlgorithmImpl):
             bucket.append_op(lambda _: self._average(momentum, ahead=True), f"speculated_momentum_allreduce[{self.codec}]")
 
     def on_tensor_ready(self, ddp, name: str, param: torch.nn.Parameter) -> None:
-        if not self.optimizer.in_warmup and self.speculation.active:  # its momentum now, while backward goes on
-            self.speculation.speculate(*self._slots[name])
+        if not self.optimizer.in_warmup:
+            if self.speculation.active:  # its momentum now, while backward goes on
+                self.speculation.speculate(*self._slots[name])
+            elif self.speculation.probing:  # a few values, to tell whether speculating would hold
+                self.speculation.probe(param)
         super().on_tensor_ready(ddp, name, param)
 
     def _average(self, momentum: MomentumBucket, ahead: bool) -> Optional[Handle]:
@@ -293,16 +296,19 @@ class QAdamImpl(AlgorithmImpl):
 
     # --- MomentumCommunicator (called by QAdamOptimizer.step after warm-up) -----------------------
     def begin_step(self, found_inf: Optional[bool], scaled: bool) -> bool:
-        speculated = self.speculation.active
+        speculated, probed = self.speculation.active, self.speculation.probing
         skip = bool(found_inf)
-        hit = speculated and self.speculation.holds(list(self._momentum.values()), scaled)
-        if speculated or found_inf is not None:  # one small allreduce: every rank skips or hits alike
-            verdict = torch.tensor([float(skip), float(not hit)])
+        if speculated:  # held: the speculation (or the probe) holds on this rank
+            held = self.speculation.holds(list(self._momentum.values()), scaled)
+        else:
+            held = probed and self.speculation.probe_holds(scaled)
+        if speculated or probed or found_inf is not None:  # one small allreduce: every rank skips or holds alike
+            verdict = torch.tensor([float(skip), float(not held)])
             with trusted():  # every rank calls it at the same point of the same step
                 allreduce(verdict, op=ReduceOp.MAX, group=self.process_group)
-            skip, hit = bool(verdict[0]), hit and not verdict.any()
-        self.speculation.conclude(speculated, hit)
-        self._averaged = hit
+            skip, held = bool(verdict[0]), held and not verdict.any()
+        self.speculation.conclude(speculated, held, probed=probed)
+        self._averaged = hit = speculated and held
         if hit:  # the speculation's residuals become the step's; on a miss they are dropped
             self._finish_in_flight()
             for momentum in self._momentum.values():

@@ -2,8 +2,10 @@
 misses, and that every loop ends with the bits of averaging in ``step()`` (``overlap=False``).
 
 One spawned job (2 ranks, Gloo) runs each loop both ways. Warm-up is 2 steps, then 4 steps whose
-momentum is averaged; a miss pauses speculation for 1 step, then 2 (``MAX_PAUSE`` grows it up
-to 64), so a loop that misses every time misses at its 1st and 3rd step after warm-up.
+momentum is averaged; a miss pauses speculation for 1 step and the step ending the pause probes
+(a few values per gradient, no allreduce); a failed probe pauses 2 steps (``MAX_PAUSE`` grows it
+up to 64). So a loop that always changes its gradients misses at its 1st step after warm-up and
+fails its probe at the 3rd; one that stops at its 2nd speculates again at its 4th.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import bagua
+from bagua.algorithms.qadam_speculation import _same_bits
 from tests.harness import run_ranks
 
 # Under xdist (`--dist loadgroup`) one worker runs the module: its module-scoped jobs run once, not once per worker.
@@ -50,6 +53,11 @@ def _edit_through_data(ctx):
         p.grad.data.mul_(0.5)  # bumps a counter of its own, none that p.grad shows
 
 
+def _clip_binding_once(ctx):
+    if ctx["step"] == WARMUP:  # the 1st step after warm-up only: the probe at the 3rd holds
+        _clip(1e-3)(ctx)
+
+
 def _another_backward_without_sync(ctx):
     ddp, (x, y) = ctx["ddp"], ctx["batch"]
     with ddp.no_sync():
@@ -61,6 +69,7 @@ BETWEEN = {
     "plain": None,
     "clip_binding": _clip(1e-3),
     "clip_never_binding": _clip(1e6),  # multiplies every gradient by 1.0: no bit changes, a hit
+    "clip_binding_once": _clip_binding_once,
     "grad_data_edit": _edit_through_data,
     "zero_grad": lambda ctx: ctx["opt"].zero_grad(set_to_none=False),
     "further_backward_under_no_sync": _another_backward_without_sync,
@@ -98,7 +107,7 @@ def _loop(rank: int, overlap: bool, between=None, *, scaler: str = "", accumulat
             if scaler == "unscale_":
                 grad_scaler.unscale_(opt)
             if between is not None:
-                between(dict(model=model, opt=opt, ddp=ddp, batch=(x, y)))
+                between(dict(model=model, opt=opt, ddp=ddp, batch=(x, y), step=step))
         extra_grads.append(unused and model.extra.weight.grad is None)
         try:
             if grad_scaler is not None:
@@ -152,8 +161,9 @@ def _hierarchical_job(rank: int, bits: int) -> dict:
 # loops that change the gradients after backward, the skipped and the raising steps) must leave
 # them as the last step that averaged did, or the step averaging again would count twice
 ONE_BIT_LOOPS = {name: LOOPS[name] for name in (
-    "plain", "clip_binding", "clip_never_binding", "further_backward_under_no_sync", "grad_scaler_unscale_",
-    "grad_scaler_skips_a_step", "fused", "rebucketed_mid_run", "autotuned", "nan_on_one_rank_raises")}
+    "plain", "clip_binding", "clip_never_binding", "clip_binding_once", "further_backward_under_no_sync",
+    "grad_scaler_unscale_", "grad_scaler_skips_a_step", "fused", "rebucketed_mid_run", "autotuned",
+    "nan_on_one_rank_raises")}
 
 
 def _one_bit_job(rank: int) -> dict:
@@ -209,8 +219,15 @@ def test_the_speculation_misses_and_pauses_where_the_gradients_changed_after_bac
         for name in ("clip_binding", "grad_data_edit", "zero_grad", "further_backward_under_no_sync",
                      "grad_scaler_unscale_", "grad_scaler_still_scaled", "grad_scaler_skips_a_step"):
             stats = r[name][True]["stats"]
-            # missed at its 1st step after warm-up, paused 1, missed again, paused 2
-            assert (stats.hits, stats.misses, stats.paused) == (0, 2, 2), (name, stats)
+            # missed at its 1st step after warm-up, paused 1, its probe failed, paused 2
+            assert (stats.hits, stats.misses, stats.paused, stats.probes) == (0, 1, 2, 1), (name, stats)
+
+
+def test_a_loop_that_stops_changing_its_gradients_speculates_again_after_its_probe(results):
+    for r in results:
+        stats = r["clip_binding_once"][True]["stats"]
+        # missed at its 1st step after warm-up, paused 1, its probe held, hit at the 4th
+        assert (stats.hits, stats.misses, stats.paused, stats.probes) == (1, 1, 1, 1), stats
 
 
 def test_a_nan_on_one_rank_raises_at_the_same_step_everywhere_leaving_the_same_state(results):
@@ -230,7 +247,9 @@ def test_a_parameter_unused_on_a_rank_keeps_no_gradient_there_either_way(results
 def test_each_step_logs_the_hit_rate_at_debug(results):
     log = results[0]["debug_log"]
     assert any(line.startswith("qadam speculation hit; hit rate 100%") for line in log), log[:3]
-    assert any("missed" in line and "pausing 1 step(s)" in line for line in log), log[:3]
+    assert any("missed" in line and "pausing 1 step(s), then probing" in line for line in log), log[:3]
+    assert any(line.startswith("qadam speculation probe failed") and "pausing 2 step(s)" in line for line in log)
+    assert any(line.startswith("qadam speculation probe held") for line in log)
 
 
 @pytest.mark.parametrize("bits", [8, 1])
@@ -257,7 +276,7 @@ def test_one_bit_speculation_misses_where_it_must_and_hits_elsewhere(one_bit):
         for name in ("clip_binding", "further_backward_under_no_sync", "grad_scaler_unscale_",
                      "grad_scaler_skips_a_step"):
             stats = r[name][True]["stats"]
-            assert (stats.hits, stats.misses) == (0, 2), (name, stats)  # the residuals were really restored
+            assert (stats.hits, stats.misses, stats.probes) == (0, 1, 1), (name, stats)  # the residuals were really restored
         for name in ("plain", "clip_never_binding", "fused", "rebucketed_mid_run", "autotuned"):
             assert r[name][True]["stats"].hits == AFTER_WARMUP, name
         for name in ("clip_binding", "plain"):  # residuals were kept (they are not all zero)
@@ -284,3 +303,25 @@ def test_one_bit_layout_of_buckets_and_fusing_change_no_bit(one_bit):
         for key in one_bit[0]["plain"][True]["residuals"]["server"]:
             ours, plain = (sum(r[v][True]["residuals"]["server"][key] for r in one_bit) for v in (name, "plain"))
             assert torch.equal(ours, plain), (name, key)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "strided"])
+def test_the_gradient_check_sees_every_bit(layout):
+    """Contiguous CPU tensors are compared by the C library's memcmp, others as integers: either
+    way -0.0 is not 0.0, a NaN equals the same NaN, and one flipped bit anywhere is a change."""
+    base = torch.randn(33, 65, dtype=torch.float32)
+    base[0, 0], base[5, 7] = 0.0, float("nan")
+
+    def shaped(t):
+        return t if layout == "contiguous" else t.t()  # a transposed view: not contiguous
+
+    copy = base.clone()
+    assert _same_bits(shaped(base), shaped(copy))
+    assert _same_bits(None, None) and not _same_bits(shaped(base), None)
+    copy[0, 0] = -0.0
+    assert not _same_bits(shaped(base), shaped(copy))
+    for index in ((0, 1), (32, 64), (16, 31)):
+        copy = base.clone()
+        copy.view(torch.int32)[index] ^= 1  # the lowest mantissa bit
+        assert not _same_bits(shaped(base), shaped(copy)), index
+    assert _same_bits(torch.empty(0), torch.empty(0))
