@@ -160,6 +160,7 @@ class QAdamImpl(AlgorithmImpl):
         self.segment_elems = SEGMENT_ELEMS  # of the compressed momentum allreduce
         #: the momentum averaged during backward (``overlap``); ``speculation.stats`` counts its hits
         self.speculation = Speculation(enabled=overlap)
+        self.overlap_allowed = overlap  # the autotuner may switch speculation off and on again
         self._momentum: dict[int, MomentumBucket] = {}  # by id of the wrapper's bucket, in bucket order
         self._slots: dict[str, tuple[MomentumBucket, int]] = {}  # parameter name -> its bucket and place
         self._groups: dict[int, dict] = {}  # id(parameter) -> its param group
@@ -273,12 +274,21 @@ class QAdamImpl(AlgorithmImpl):
 
     def tunables(self, ddp) -> dict[str, Tunable]:
         """The bucket size and the segment size of the momentum's compressed allreduce (each
-        tensor is quantized on its own blocks, whatever bucket or segment it travels in)."""
-        return {**super().tunables(ddp), "segment_elems": Tunable(SEGMENT_SIZES, self.segment_elems)}
+        tensor is quantized on its own blocks, whatever bucket or segment it travels in), and,
+        when built with ``overlap=True``, whether to speculate (both ways have the same bits;
+        where the cores are all busy, the speculation's copy and check can cost more than the
+        communication it hides). ``overlap=False`` given by the user stays: the check cannot
+        see every loop."""
+        tunables = {**super().tunables(ddp), "segment_elems": Tunable(SEGMENT_SIZES, self.segment_elems)}
+        if self.overlap_allowed:
+            tunables["overlap"] = Tunable((True, False), self.speculation.enabled)
+        return tunables
 
     def set_tunable(self, ddp, name: str, value: object) -> None:
         if name == "segment_elems":
             self.segment_elems = int(value)
+        elif name == "overlap" and self.overlap_allowed:
+            self.speculation.restart(enabled=bool(value))
         else:
             super().set_tunable(ddp, name, value)
 
@@ -352,7 +362,9 @@ class QAdamAlgorithm(Algorithm):
         overlap: after warm-up, average each bucket's momentum during backward, speculatively
             (``bagua.algorithms.qadam_speculation``): the same bits as ``overlap=False``, which
             averages in ``step()``, in every loop but those that write into the parameters or
-            the optimizer's state between backward and step past the version counters.
+            the optimizer's state between backward and step past the version counters. With
+            ``autotune`` the tuner may switch it off where speculating costs more than it hides
+            (measured step times; the same bits either way); ``overlap=False`` always stays off.
         bits: 8 (default): the momentum ratios MinMaxUInt8-compressed; 1: their signs and one
             scale per 256 values (sign1, about 28x fewer bytes than fp32, 7x fewer than 8
             bits), with error feedback on every rank and on each chunk's reducer, kept as this

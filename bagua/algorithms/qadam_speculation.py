@@ -237,6 +237,13 @@ class Speculation:
                 self.speculate(mb, index)
         self._fresh.pop(id(mb), None)
 
+    def restart(self, enabled: bool) -> None:
+        """Speculate from the next step on (``enabled``) or not at all, with no pause pending
+        (the autotuner's ``overlap``, set on every rank at the same step)."""
+        self.enabled = enabled
+        self._pause, self._backoff, self._probe_next = 0, 1, False
+        self.forget()
+
     def forget(self) -> None:
         """Drop every speculation (the buckets or the weights changed)."""
         self._inputs.clear()

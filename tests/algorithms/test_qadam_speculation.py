@@ -27,6 +27,8 @@ WARMUP, STEPS = 2, 6
 AFTER_WARMUP = STEPS - WARMUP
 # the autotuner rebuilds the buckets at step boundaries, after warm-up too
 TUNING = bagua.AutotuneConfig(max_trials=4, steps_per_trial=1, warmup_steps=1, space={"bucket_size_bytes": (64, 256)})
+# the tuner switches speculation off (and on) after warm-up: a step is then averaged either way
+OVERLAP_TUNING = bagua.AutotuneConfig(max_trials=2, steps_per_trial=1, warmup_steps=2, space={"overlap": (False, True)})
 
 
 class _Net(torch.nn.Module):
@@ -78,14 +80,14 @@ BETWEEN = {
 
 def _loop(rank: int, overlap: bool, between=None, *, scaler: str = "", accumulate: bool = False,
           fused: bool = False, unused: bool = False, rebucket: bool = False, hierarchical: bool = False,
-          nan: bool = False, autotune: bool = False, bits: int = 8) -> dict:
+          nan: bool = False, autotune=False, bits: int = 8) -> dict:
     model = _Net(extra_head=unused)  # used by every rank in warm-up, then by rank 0 alone
     opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=WARMUP, weight_decay=0.01)
     if fused:
         opt = bagua.optim.fuse_optimizer(opt)
     algorithm = bagua.algorithms.QAdamAlgorithm(opt, overlap=overlap, hierarchical=hierarchical, bits=bits)
     ddp = bagua.DistributedDataParallel(model, [opt], algorithm, find_unused_parameters=unused, bucket_size_bytes=1024,
-                                        autotune=TUNING if autotune else None)
+                                        autotune=_tuning(autotune, overlap))
     grad_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10) if scaler else None
     g = torch.Generator().manual_seed(rank)
     extra_grads = []
@@ -121,10 +123,20 @@ def _loop(rank: int, overlap: bool, between=None, *, scaler: str = "", accumulat
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
     momentum = torch.cat([opt.state[p]["exp_avg"].reshape(-1) for p in model.parameters()]).clone()
     stats = ddp.impl.speculation.stats
+    tuned = [entry["config"].get("overlap") for entry in ddp.autotune_log]
+    offers_overlap = "overlap" in ddp.tunables()
     residuals = ddp.impl.state_dict()  # bits=1: this rank's error-feedback residuals per parameter
     ddp.close()
     return dict(params=params, momentum=momentum, stats=stats, extra_grad_none=extra_grads, steps=step + 1,
-                residuals=residuals)
+                residuals=residuals, tuned_overlap=tuned, offers_overlap=offers_overlap)
+
+
+def _tuning(autotune, overlap: bool):
+    """``autotune``: False, True (bucket sizes) or ``"overlap"`` (which a wrapper built with
+    overlap=False does not offer: it runs untuned)."""
+    if autotune == "overlap":
+        return OVERLAP_TUNING if overlap else None
+    return TUNING if autotune else None
 
 
 LOOPS = {
@@ -137,6 +149,7 @@ LOOPS = {
     "unused_on_one_rank": dict(unused=True),
     "rebucketed_mid_run": dict(rebucket=True),
     "autotuned": dict(autotune=True),
+    "autotuned_overlap": dict(autotune="overlap"),
     "nan_on_one_rank_raises": dict(nan=True),
 }
 
@@ -206,6 +219,19 @@ def test_the_speculation_hits_where_the_step_sees_what_backward_left(results):
             stats = r[name][True]["stats"]
             assert (stats.hits, stats.misses, stats.paused) == (AFTER_WARMUP, 0, 0), (name, stats)
         assert r["plain"][False]["stats"].hits == 0  # overlap=False never speculates
+
+
+def test_the_autotuner_switches_speculation_off_and_on_with_the_same_bits(results):
+    for r in results:  # the bits: test_every_loop_has_the_bits_of_averaging_in_step_on_every_rank
+        tuned = r["autotuned_overlap"][True]
+        assert tuned["tuned_overlap"][:2] == [True, False], tuned["tuned_overlap"]  # both measured
+        assert tuned["stats"].hits >= 1 and tuned["stats"].misses == 0, tuned["stats"]
+    assert results[0]["autotuned_overlap"][True]["tuned_overlap"] == results[1]["autotuned_overlap"][True]["tuned_overlap"]
+
+
+def test_a_wrapper_built_with_overlap_false_offers_the_tuner_no_overlap(results):
+    for r in results:  # such a loop may write where the check cannot see: it stays off
+        assert r["plain"][True]["offers_overlap"] and not r["plain"][False]["offers_overlap"]
 
 
 def test_the_layout_of_buckets_changes_no_bit(results):
