@@ -4,9 +4,11 @@
 Settings: 2 ranks under ``benchmarks/netns.py`` (each rank in its own network namespace behind a
 tbf-capped veth) at 100mbit and 1gbit; algorithms bytegrad and gradient_allreduce; the
 10M-parameter MLP of ``benchmarks/ddp.py`` (1024-1664x4-10, 40 MB of fp32 gradients), batch 64
-per rank, SGD with momentum. The search space is ``ddp.tunables()`` for that algorithm on that
-job (both ranks are one-rank nodes without stripes: the bucket size, and bytegrad's segment size),
-with the segment sizes cut to three values so that the grid stays a few minutes long.
+per rank, SGD with momentum (``--algorithms qadam``: its ``QAdamOptimizer``, eps 1e-3, past a
+1-step warm-up, as ``ddp.py``'s). The search space is ``ddp.tunables()`` for that algorithm on that
+job (both ranks are one-rank nodes without stripes: the bucket size, and bytegrad's and qadam's
+segment size; qadam's ``overlap`` too), with the segment sizes cut to three values so that the
+grid stays a few minutes long.
 
 One job per (link, algorithm), all in one worker process per rank:
 
@@ -26,6 +28,7 @@ Usage::
 
     python benchmarks/autotune.py                      # everything (root, iproute2), ~15 min
     python benchmarks/autotune.py --rates 1gbit --algorithms gradient_allreduce
+    python benchmarks/autotune.py --rates 1gbit --algorithms qadam   # overlap or not, where cores are scarce
     python benchmarks/autotune.py --from-json .bench/autotune.json   # tables and plot again
 
 The last line printed is the key ratios per job. Plot: step time of every trial with the grid's
@@ -71,7 +74,10 @@ class Trainer:
 
         dims = parse_mlp(args.mlp)
         self.model = make_model(dims, seed=0)
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        if args.algorithm == "qadam":  # past its 1-step warm-up (the first settling step), as ddp.py's
+            self.opt = bagua.optim.QAdamOptimizer(self.model.parameters(), lr=1e-3, warmup_steps=1, eps=1e-3)
+        else:
+            self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
         self.ddp = bagua.DistributedDataParallel(self.model, [self.opt], args.algorithm, autotune=autotune)
         self.batches = make_batches(dims, args.batch, 4, bagua.get_rank())
         self.cursor = 0
