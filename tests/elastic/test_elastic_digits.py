@@ -8,6 +8,7 @@ checkpoint), and each epoch, gathered from every rank and attempt, trains on eve
 from __future__ import annotations
 
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -38,9 +39,12 @@ def _final_weights(tmp: Path) -> dict:
 @pytest.mark.parametrize("algorithm", ["gradient_allreduce", "bytegrad", "qadam"])
 def test_a_worker_killed_mid_epoch_resumes_exactly(tmp_path, algorithm):
     # killed in epoch 1, 5 steps after a checkpoint (qadam: in its 50-step warm-up, resumed across its end)
-    killed, output = _run(tmp_path / "killed", "--algorithm", algorithm, "--fail-at-step", "45")
+    # the two jobs are independent: the reference runs while the killed one waits for its restart
+    with ThreadPoolExecutor(2) as pool:
+        killed_job = pool.submit(_run, tmp_path / "killed", "--algorithm", algorithm, "--fail-at-step", "45")
+        reference_job = pool.submit(_run, tmp_path / "reference", "--algorithm", algorithm)
+        (killed, output), (reference, _) = killed_job.result(), reference_job.result()
     assert "failing on purpose after step 45" in output and "resumed from" in output, output[-4000:]
-    reference, _ = _run(tmp_path / "reference", "--algorithm", algorithm)
     expected, got = _final_weights(reference), _final_weights(killed)
     assert all(torch.equal(expected[k], got[k]) for k in expected)
     for epoch, samples in trained_samples(killed / "samples").items():
