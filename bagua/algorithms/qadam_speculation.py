@@ -184,13 +184,11 @@ class Speculation:
     """
 
     def __init__(self, enabled: bool):
-        self.enabled = enabled
         self.stats = SpeculationStats()
         self._inputs: dict[int, list[Optional[_Inputs]]] = {}  # by id of the MomentumBucket, by member
         self._fresh: dict[int, set[int]] = {}  # the members filled since their bucket's last completion
-        self._pause, self._backoff = 0, 1
-        self._probe_next = False  # the step that ends a pause probes instead of speculating
         self._probes: dict[int, tuple[torch.Tensor, Optional[torch.Tensor]]] = {}  # id(p) -> p, its values
+        self.restart(enabled)
 
     @property
     def active(self) -> bool:
@@ -241,7 +239,8 @@ class Speculation:
         """Speculate from the next step on (``enabled``) or not at all, with no pause pending
         (the autotuner's ``overlap``, set on every rank at the same step)."""
         self.enabled = enabled
-        self._pause, self._backoff, self._probe_next = 0, 1, False
+        self._pause, self._backoff = 0, 1
+        self._probe_next = False  # the step that ends a pause probes instead of speculating
         self.forget()
 
     def forget(self) -> None:
@@ -270,7 +269,7 @@ class Speculation:
             if hit:
                 self._probe_next = False
             else:
-                self._pause, self._backoff = self._backoff, min(2 * self._backoff, MAX_PAUSE)
+                self._back_off()
             self._log("probe held" if hit else "probe failed", hit)
             return
         if not speculated:
@@ -283,9 +282,14 @@ class Speculation:
             self._backoff = 1
         else:
             self.stats.misses += 1
-            self._pause, self._backoff = self._backoff, min(2 * self._backoff, MAX_PAUSE)
-            self._probe_next = True
+            self._back_off()
         self._log("hit" if hit else "missed", hit)
+
+    def _back_off(self) -> None:
+        """After a miss or a failed probe: pause, twice as long as the last time (up to
+        ``MAX_PAUSE``), then probe."""
+        self._pause, self._backoff = self._backoff, min(2 * self._backoff, MAX_PAUSE)
+        self._probe_next = True
 
     def _log(self, outcome: str, hit: bool) -> None:
         if logger.isEnabledFor(logging.DEBUG):
