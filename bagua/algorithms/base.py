@@ -28,7 +28,8 @@ anew), and ``on_rebucket(ddp, carry)`` moves per-bucket state when the buckets a
 ``ready_on_backward(ddp)`` tells the wrapper whether this step's buckets become ready through
 backward (gradient algorithms) or through the algorithm itself (``ddp.for_algorithms.mark_all_ready()``);
 ``averages_gradients(ddp)`` whether the ops of buckets that become ready through backward average
-the gradients (default) or only read them. An algorithm whose ops change between phases (qadam's
+the gradients (default) or only read them; ``keeps_produced_gradients(ddp)`` whether it keeps
+the gradient tensors backward produces (``ddp.for_algorithms.produced_gradient()``). An algorithm whose ops change between phases (qadam's
 warm-up) appends them anew between steps with ``ddp.for_algorithms.reset_operations()``.
 
 A new algorithm is one file: subclass both and register the declarative class. See
@@ -133,6 +134,13 @@ class AlgorithmImpl:
     def ready_on_backward(self, ddp: "DistributedDataParallel") -> bool:
         """Whether this step's buckets become ready as backward produces gradients (default)."""
         return True
+
+    def keeps_produced_gradients(self, ddp: "DistributedDataParallel") -> bool:
+        """Whether this step's ``on_tensor_ready`` keeps the gradient tensors backward produces
+        (``ddp.for_algorithms.produced_gradient()``, e.g. as a snapshot of their bits). Default
+        no: backward then accumulates straight into zeroed bucket views, producing none. Yes:
+        each gradient is made afresh and copied into its view (qadam's speculation keeps it)."""
+        return False
 
     def averages_gradients(self, ddp: "DistributedDataParallel") -> bool:
         """Whether this step's buckets average the gradients (default: whenever they become ready

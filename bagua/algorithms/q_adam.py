@@ -48,11 +48,13 @@ Example::
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future
 from typing import Optional
 
 import torch
 
-from ..comm import BaguaProcessGroup, Bucket, ErrorFeedback, Handle, ReduceOp, allreduce, compressed_allreduce
+from ..comm import (BaguaProcessGroup, Bucket, ErrorFeedback, Handle, ReduceOp, allreduce, compressed_allreduce,
+                    in_background)
 from ..comm.checks import trusted
 from ..comm.compressed import SEGMENT_ELEMS, all_finite, raise_if_nonfinite
 from ..comm.hierarchical import hierarchical_allreduce
@@ -104,6 +106,7 @@ class MomentumBucket:
             self.views.append(self.flat[start:start + p.numel()].view(p.shape))
         #: the speculation's copies of the gradients, in this bucket's layout (allocated by the first)
         self.grad_copies: Optional[torch.Tensor] = None
+        self._finite: Optional[bool] = None  # finite(), once known for the averaged ratios in flat
 
     def residuals(self, provisional: bool) -> Optional[ErrorFeedback]:
         """The residuals an allreduce of ``flat`` runs on: the kept ones, or (``provisional``, a
@@ -125,9 +128,16 @@ class MomentumBucket:
         for (p, group), view in zip(self.members, self.views):
             torch.div(state[p]["exp_avg"], self.optimizer.denominator(p, group), out=view)
 
+    def launching(self) -> None:
+        """``flat`` is about to be averaged anew: forget whether the last average was finite."""
+        self._finite = None
+
     def finite(self) -> bool:
-        """Whether every averaged ratio is finite (NaN or Inf on any rank makes its block NaN)."""
-        return all_finite(self.flat)
+        """Whether every averaged ratio is finite (NaN or Inf on any rank makes its block NaN);
+        call once the average has arrived. Computed once per average."""
+        if self._finite is None:
+            self._finite = all_finite(self.flat)
+        return self._finite
 
     @torch.no_grad()
     def update_locally(self) -> None:
@@ -168,7 +178,12 @@ class QAdamImpl(AlgorithmImpl):
         self._covers_all = False  # every parameter of the optimizer is
         self._ops_in_warmup: Optional[bool] = None  # which ops the buckets carry
         self._averaged = False  # this step's momentum came averaged from backward
-        self._in_flight: Optional[Handle] = None  # the last bucket's momentum allreduce
+        #: the last launched momentum allreduce, unfinished, and its bucket (see _finish_in_flight)
+        self._in_flight: Optional[tuple[MomentumBucket, Handle]] = None
+        #: after backward, the speculation's last allreduce finishing on the communication thread
+        #: while the step checks the speculation: its bucket and future (see _settle)
+        self._landing: Optional[tuple[MomentumBucket, Future]] = None
+        self._written_back = 0  # how many leading buckets' momenta this step has written back already
         optimizer.momentum_communicator = self  # the wrapper built last wins; close() detaches it
 
     # --- the wrapper's hooks ------------------------------------------------------------------
@@ -179,6 +194,7 @@ class QAdamImpl(AlgorithmImpl):
             raise ValueError(f"QAdamAlgorithm: parameters {missing[:5]} are not in the QAdamOptimizer it was given")
         self._covered = {id(p) for _, p in ddp.named_trainable_parameters}
         self._covers_all = self._covered == set(self._groups)
+        self._settle()
         self._momentum.clear()
         self._slots.clear()
         self.speculation.forget()
@@ -200,39 +216,69 @@ class QAdamImpl(AlgorithmImpl):
             bucket.append_op(lambda _: self._average(momentum, ahead=True), f"speculated_momentum_allreduce[{self.codec}]")
 
     def on_tensor_ready(self, ddp, name: str, param: torch.nn.Parameter) -> None:
+        if ddp.engine.launched == 0:  # no op of this backward runs yet: an earlier one's transfer may
+            self._settle()
         if not self.optimizer.in_warmup:
             if self.speculation.active:  # its momentum now, while backward goes on
-                self.speculation.speculate(*self._slots[name])
+                self.speculation.speculate(*self._slots[name], produced=ddp.for_algorithms.produced_gradient())
             elif self.speculation.probing:  # a few values, to tell whether speculating would hold
                 self.speculation.probe(param)
         super().on_tensor_ready(ddp, name, param)
 
-    def _average(self, momentum: MomentumBucket, ahead: bool) -> Optional[Handle]:
+    def _average(self, momentum: MomentumBucket, ahead: bool) -> None:
         """Fill ``momentum``'s ratios (``ahead``: those backward's hooks have not, from the gradients
         as they are, speculating) and launch their allreduce once the previous bucket's has finished:
-        one in flight at a time. Returns its handle, unfinished. With 1 bit, a speculation runs on
-        a provisional copy of the residuals, which only a hit keeps."""
+        one in flight at a time, left unfinished (``_in_flight``). With 1 bit, a speculation runs on
+        a provisional copy of the residuals, which only a hit keeps.
+
+        As a bucket's op (``ahead``, on the engine's thread) it hands no handle to the engine, so
+        backward ends without waiting for the last bucket's allreduce; ``on_backward_end`` has
+        the communication thread finish it while the step checks the speculation."""
+        if self._in_flight is not None and self._in_flight[0] is momentum:  # its results would land on the fill
+            self._finish_in_flight()
         if ahead:
             self.speculation.complete(momentum)
         else:
             momentum.fill()
+        previous = self._in_flight[0] if self._in_flight is not None else None
         self._finish_in_flight()
         feedback = momentum.residuals(provisional=ahead)
+        momentum.launching()
         if self.node_groups is not None:
             hierarchical_allreduce(momentum.flat, op=ReduceOp.AVG, compression=self.codec, nonfinite="propagate",
                                    groups=self.node_groups, starts=momentum.starts, segment_elems=self.segment_elems,
                                    error_feedback=feedback)
-            self._in_flight = None
-        else:
-            self._in_flight = compressed_allreduce(momentum.flat, op=ReduceOp.AVG, codec=self.codec,
-                                                   group=self.process_group, async_op=True, nonfinite="propagate",
-                                                   starts=momentum.starts, segment_elems=self.segment_elems,
-                                                   error_feedback=feedback)
-        return self._in_flight
+            return
+        handle = compressed_allreduce(momentum.flat, op=ReduceOp.AVG, codec=self.codec, group=self.process_group,
+                                      async_op=True, nonfinite="propagate", starts=momentum.starts,
+                                      segment_elems=self.segment_elems, error_feedback=feedback)
+        self._in_flight = (momentum, handle)
+        if previous is not None:
+            previous.finite()  # checked while this bucket's transfer goes on, not at the step
 
     def _finish_in_flight(self) -> None:
+        """Finish the momentum allreduce in flight, if any (before the next bucket's launches)."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is not None:
+            in_flight[1].wait()
+
+    def on_backward_end(self, ddp) -> None:
+        """The speculation's last allreduce (the reduction and the second exchange) finishes on
+        the communication thread, its average checked for NaN there, while the step checks the
+        speculation and writes back the buckets that have arrived."""
         if self._in_flight is not None:
-            self._in_flight.wait()  # a no-op when the engine has waited for it already
+            momentum, handle = self._in_flight
+            self._in_flight = None
+            self._landing = (momentum, in_background(lambda: (handle.wait(), momentum.finite())))
+
+    def _settle(self) -> None:
+        """On the main thread, the engine idle: finish every momentum allreduce still going on,
+        before a step, a backward or a change of buckets, state or settings uses the buffers or
+        the process group."""
+        landing, self._landing = self._landing, None
+        if landing is not None:
+            landing[1].result()
+        self._finish_in_flight()
 
     def _follow_phase(self, ddp) -> None:
         """Between steps: give the buckets the ops of the optimizer's phase (warm-up or not)."""
@@ -240,12 +286,14 @@ class QAdamImpl(AlgorithmImpl):
             ddp.for_algorithms.reset_operations()
 
     def on_forward_pre(self, ddp) -> None:
+        self._settle()  # a backward whose step was not taken
         self._follow_phase(ddp)  # a checkpoint loaded since the last step may have changed it
 
     def on_optimizer_step_post(self, ddp) -> None:
         self._follow_phase(ddp)
 
     def on_weights_loaded(self, ddp) -> None:
+        self._settle()
         self.speculation.forget()
 
     def on_rebucket(self, ddp, carry: Carry) -> None:
@@ -288,6 +336,7 @@ class QAdamImpl(AlgorithmImpl):
         if name == "segment_elems":
             self.segment_elems = int(value)
         elif name == "overlap" and self.overlap_allowed:
+            self._settle()
             self.speculation.restart(enabled=bool(value))
         else:
             super().set_tunable(ddp, name, value)
@@ -296,10 +345,15 @@ class QAdamImpl(AlgorithmImpl):
         # the optimizer's step count and the speculation's state: the same for every backward of one step
         return self.optimizer.in_warmup or self.speculation.active
 
+    def keeps_produced_gradients(self, ddp) -> bool:
+        # a speculation keeps each gradient backward made as the copy of its bits the check needs
+        return not self.optimizer.in_warmup and self.speculation.active
+
     def averages_gradients(self, ddp) -> bool:
         return self.optimizer.in_warmup
 
     def close(self, ddp) -> None:
+        self._settle()
         self.speculation.forget()
         if self.optimizer.momentum_communicator is self:
             self.optimizer.momentum_communicator = None
@@ -319,11 +373,24 @@ class QAdamImpl(AlgorithmImpl):
             skip, held = bool(verdict[0]), held and not verdict.any()
         self.speculation.conclude(speculated, held, probed=probed)
         self._averaged = hit = speculated and held
+        self._written_back = 0
+        if hit:  # the momenta of the buckets that arrived, while the last one's allreduce finishes
+            self._write_back_arrived()
+        self._settle()
         if hit:  # the speculation's residuals become the step's; on a miss they are dropped
-            self._finish_in_flight()
             for momentum in self._momentum.values():
                 momentum.commit()
         return skip
+
+    def _write_back_arrived(self) -> None:
+        """Write back the momenta of the leading buckets whose average has arrived and is finite
+        (``_written_back`` counts them); ``average_momentum`` does the rest."""
+        landing = self._landing[0] if self._landing is not None else None
+        for momentum in self._momentum.values():
+            if momentum is landing or not momentum.finite():
+                return
+            momentum.write_back()
+            self._written_back += 1
 
     def covers(self, p: torch.Tensor) -> bool:
         return id(p) in self._covered
@@ -339,7 +406,8 @@ class QAdamImpl(AlgorithmImpl):
                 for momentum in buckets:
                     self._average(momentum, ahead=False)
                 self._finish_in_flight()
-        for k, momentum in enumerate(buckets):
+        written, self._written_back = self._written_back, 0
+        for k, momentum in enumerate(buckets[written:], start=written):
             if not momentum.finite():
                 if self._averaged:  # leave the momenta as averaging in step() does: updated, not yet averaged
                     for rest in buckets[k:]:

@@ -33,7 +33,9 @@ into a parameter (with weight decay) or into ``exp_avg``/``exp_avg_sq`` between 
 ``step()`` that bumps no version counter (through ``.data``, NumPy, DLPack or a custom kernel);
 use ``QAdamAlgorithm(opt, overlap=False)`` for a loop that does that.
 
-Speculating costs a copy of the gradients during backward and its comparison at the step. A
+Speculating costs a copy of the gradients and its comparison at the step. The copy is usually
+free: after ``zero_grad()`` (set to None) backward makes each gradient afresh and the wrapper
+copies it into the parameter's bucket view, so the tensor backward made is kept as the copy. A
 miss wastes the speculation's traffic, so after a miss speculation pauses (1 step, then 2, 4, ...
 up to ``MAX_PAUSE`` while the loop keeps changing its gradients), and the step that ends a pause
 probes instead of speculating: backward's hooks keep ``PROBE_ELEMS`` evenly spaced values of
@@ -78,11 +80,12 @@ class _Inputs:
     __slots__ = ("usable", "grad_copy", "param_version", "exp_avg", "exp_avg_version", "exp_avg_sq",
                  "exp_avg_sq_version", "settings")
 
-    def __init__(self, p: torch.Tensor, group: dict, opt: QAdamOptimizer, room: torch.Tensor):
-        """Read ``p``'s inputs; its gradient's bits are copied into ``room`` (its shape)."""
+    def __init__(self, p: torch.Tensor, group: dict, opt: QAdamOptimizer, grad_copy: Callable[[], torch.Tensor]):
+        """Read ``p``'s inputs; ``grad_copy()`` gives a copy of its gradient's bits (called when
+        it has a gradient of ``p``'s shape)."""
         state, grad = opt.state[p], p.grad
-        self.usable = grad is None or grad.shape == room.shape
-        self.grad_copy = room.copy_(grad) if grad is not None and self.usable else None
+        self.usable = grad is None or grad.shape == p.shape
+        self.grad_copy = grad_copy() if grad is not None and self.usable else None
         self.param_version = p._version
         self.exp_avg, self.exp_avg_version = state["exp_avg"], state["exp_avg"]._version
         self.exp_avg_sq, self.exp_avg_sq_version = state["exp_avg_sq"], state["exp_avg_sq"]._version
@@ -212,14 +215,24 @@ class Speculation:
         return not scaled and all(_same_bits(_probe_values(p.grad), kept) for p, kept in probes.values())
 
     @torch.no_grad()
-    def speculate(self, mb: "MomentumBucket", index: int) -> None:
+    def speculate(self, mb: "MomentumBucket", index: int, produced: Optional[torch.Tensor] = None) -> None:
         """Fill member ``index`` of ``mb``: the ratio of the momentum a step would make from its
         gradient as it is now, computed from a copy of the gradient's bits, which the check
-        compares with the gradient at the step."""
-        if mb.grad_copies is None:
-            mb.grad_copies = torch.empty_like(mb.flat)
+        compares with the gradient at the step. ``produced``: such a copy already made, that
+        nothing else holds (the tensor backward produced, which the wrapper copied into the
+        gradient's bucket view: ``ForAlgorithms.produced_gradient``); otherwise the bits are
+        copied into the bucket's ``grad_copies``."""
         (p, group), view, start = mb.members[index], mb.views[index], mb.starts[index]
-        record = _Inputs(p, group, mb.optimizer, mb.grad_copies[start:start + p.numel()].view(p.shape))
+
+        def grad_copy() -> torch.Tensor:
+            grad = p.grad
+            if produced is not None and produced.dtype == grad.dtype and produced.shape == grad.shape:
+                return produced
+            if mb.grad_copies is None:
+                mb.grad_copies = torch.empty_like(mb.flat)
+            return mb.grad_copies[start:start + p.numel()].view(p.shape).copy_(grad)
+
+        record = _Inputs(p, group, mb.optimizer, grad_copy)
         g = decayed_gradient(p, record.grad_copy, group)
         new_momentum(mb.optimizer.state[p]["exp_avg"], g, group["betas"][0], out=view)
         view.div_(mb.optimizer.denominator(p, group))

@@ -32,7 +32,7 @@ from .collectives import (
 )
 from .compressed import compressed_allreduce
 from .compression import BF16, CODEC_NAMES, FP16, Codec, MinMaxUInt8, Payload, Sign1, get_codec
-from .engine import Engine, EngineError
+from .engine import Engine, EngineError, in_background
 from .error_feedback import ErrorFeedback
 from .objects import allgather_object, broadcast_object
 from .process_group import (
@@ -58,7 +58,7 @@ from .traffic import bytes_sent, reset_traffic, traffic_by_kind
 
 __all__ = [
     "BF16", "CODEC_NAMES", "at_teardown", "FP16", "BaguaProcessGroup", "Bucket", "Codec", "CollectiveError",
-    "Engine", "EngineError", "ErrorFeedback", "Handle", "MinMaxUInt8", "NotInitializedError", "Payload", "ReduceOp",
+    "Engine", "EngineError", "ErrorFeedback", "in_background", "Handle", "MinMaxUInt8", "NotInitializedError", "Payload", "ReduceOp",
     "allgather", "allgather_object", "allreduce", "alltoall", "alltoall_v", "as_reduce_op", "barrier", "broadcast", "broadcast_object", "bytes_sent",
     "compressed_allreduce", "destroy_process_group", "from_torch_group", "gather", "get_codec", "get_default_group",
     "get_inter_node_group", "get_intra_node_group", "get_local_rank", "get_local_size", "get_rank",

@@ -29,7 +29,7 @@ import concurrent.futures
 import contextlib
 import threading
 import zlib
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 
@@ -54,6 +54,20 @@ def _comm_thread() -> concurrent.futures.ThreadPoolExecutor:
         if _worker is None:
             _worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="bagua-comm")
         return _worker
+
+
+def in_background(fn: Callable[[], None]) -> concurrent.futures.Future:
+    """Run ``fn`` on the communication thread, after every chain handed to it before: e.g. finish
+    a collective whose result is needed later while the caller goes on (its ``result()`` then
+    re-raises what ``fn`` raised).
+
+    Example::
+
+        landing = in_background(handle.wait)    # the reduction and the second exchange
+        ...                                     # work that does not need the result
+        landing.result()
+    """
+    return _comm_thread().submit(fn)
 
 
 class Engine:

@@ -18,7 +18,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -177,9 +177,13 @@ def restore_unreached(ddp: "DistributedDataParallel", preset: list[str], unreach
             ddp._params[name].grad = None
 
 
-def gradient_into(p: torch.Tensor, view: torch.Tensor) -> None:
+def gradient_into(p: torch.Tensor, view: torch.Tensor) -> Optional[torch.Tensor]:
     """Make ``view`` (a bucket view or a fused optimizer's flat slot) ``p``'s gradient, copying
-    ``p.grad`` (not None) into it unless it already lives there."""
-    if p.grad.data_ptr() != view.data_ptr():
-        view.copy_(p.grad)
-        p.grad = view
+    ``p.grad`` (not None) into it unless it already lives there. Returns the gradient tensor it
+    replaced (None when ``p.grad`` already lived in ``view``)."""
+    grad = p.grad
+    if grad.data_ptr() == view.data_ptr():
+        return None
+    view.copy_(grad)
+    p.grad = view
+    return grad

@@ -167,6 +167,7 @@ class DistributedDataParallel(torch.nn.Module):
         #: (its backward, and the accumulation before it); empty before the first
         self.parameters_used_last_step: frozenset[str] = frozenset()
         self._callback_queued = False
+        self._produced_gradient: Optional[torch.Tensor] = None  # see ForAlgorithms.produced_gradient
         self._join: Optional[_join.JoinState] = None
         self._comm_hook: Optional[tuple[Any, Callable]] = None  # (state, hook)
         self._closed = False
@@ -330,7 +331,7 @@ class DistributedDataParallel(torch.nn.Module):
     def _queue_end_of_backward(self, grad: Optional[torch.Tensor] = None) -> None:
         if not self._callback_queued and self._sync_backward:
             self._callback_queued = True
-            if grad is not None:  # from an output's hook: backward is beginning
+            if grad is not None and not self.impl.keeps_produced_gradients(self):  # backward is beginning
                 self._preset = bucketing.preset_gradient_views(self)
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
 
@@ -361,14 +362,19 @@ class DistributedDataParallel(torch.nn.Module):
     def _make_grad_hook(self, name: str) -> Callable[[torch.Tensor], None]:
         def hook(param: torch.Tensor) -> None:  # per parameter and backward: kept lean
             view = self._grad_view.get(name)
-            if view is not None:
-                gradient_into(param, view)  # a fresh gradient (after zero_grad(set_to_none=True))
+            produced = None
+            if view is not None:  # a fresh gradient (after zero_grad(set_to_none=True)) moves into it
+                produced = gradient_into(param, view)
             self._used.add(name)
             if not self._sync_backward:
                 return  # inside no_sync(), or a backward of no training forward
             if not self._callback_queued:
                 self._queue_end_of_backward()  # backward reached the parameter without the outputs
-            self.impl.on_tensor_ready(self, name, param)
+            self._produced_gradient = produced  # for_algorithms.produced_gradient(), during the call only
+            try:
+                self.impl.on_tensor_ready(self, name, param)
+            finally:
+                self._produced_gradient = None
 
         return hook
 

@@ -15,7 +15,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
@@ -67,6 +67,22 @@ class ForAlgorithms:
             ddp.for_algorithms.parameter("0.weight").grad
         """
         return self._ddp._params[name]
+
+    def produced_gradient(self) -> Optional[torch.Tensor]:
+        """Inside ``on_tensor_ready``: the gradient tensor backward has just produced for that
+        parameter, which the wrapper then copied into the parameter's bucket view (its ``.grad``
+        now): a copy of the gradient's bits as backward left them, which nothing else holds. None
+        when backward accumulated into the view itself (a gradient not set to None since the
+        last step) or the parameter has no view.
+
+        Example::
+
+            def on_tensor_ready(self, ddp, name, param):
+                snapshot = ddp.for_algorithms.produced_gradient()
+                if snapshot is None:
+                    snapshot = param.grad.clone()
+        """
+        return self._ddp._produced_gradient
 
     def mark_ready(self, name: str) -> None:
         """Declare the bucketed tensor ``name`` ready for this step: a bucket whose tensors are all

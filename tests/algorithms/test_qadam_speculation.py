@@ -66,6 +66,11 @@ def _another_backward_without_sync(ctx):
         F.cross_entropy(ddp(x * 2), y).backward()
 
 
+def _user_allreduce(ctx):
+    loss = torch.tensor([float(ctx["step"])])
+    torch.distributed.all_reduce(loss)  # while the speculation's last bucket still crosses the link
+
+
 # what the loop does between backward and step, after warm-up
 BETWEEN = {
     "plain": None,
@@ -75,12 +80,13 @@ BETWEEN = {
     "grad_data_edit": _edit_through_data,
     "zero_grad": lambda ctx: ctx["opt"].zero_grad(set_to_none=False),
     "further_backward_under_no_sync": _another_backward_without_sync,
+    "user_allreduce": _user_allreduce,
 }
 
 
 def _loop(rank: int, overlap: bool, between=None, *, scaler: str = "", accumulate: bool = False,
           fused: bool = False, unused: bool = False, rebucket: bool = False, hierarchical: bool = False,
-          nan: bool = False, autotune=False, bits: int = 8) -> dict:
+          nan: bool = False, autotune=False, bits: int = 8, step_not_taken: bool = False) -> dict:
     model = _Net(extra_head=unused)  # used by every rank in warm-up, then by rank 0 alone
     opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=WARMUP, weight_decay=0.01)
     if fused:
@@ -111,6 +117,8 @@ def _loop(rank: int, overlap: bool, between=None, *, scaler: str = "", accumulat
             if between is not None:
                 between(dict(model=model, opt=opt, ddp=ddp, batch=(x, y), step=step))
         extra_grads.append(unused and model.extra.weight.grad is None)
+        if step_not_taken and step == WARMUP + 1:
+            continue  # a backward whose step the loop does not take: the next forward goes on
         try:
             if grad_scaler is not None:
                 grad_scaler.step(opt)
@@ -125,10 +133,11 @@ def _loop(rank: int, overlap: bool, between=None, *, scaler: str = "", accumulat
     stats = ddp.impl.speculation.stats
     tuned = [entry["config"].get("overlap") for entry in ddp.autotune_log]
     offers_overlap = "overlap" in ddp.tunables()
+    copied = [mb.grad_copies is not None for mb in ddp.impl._momentum.values()]  # the gradients' bits copied
     residuals = ddp.impl.state_dict()  # bits=1: this rank's error-feedback residuals per parameter
     ddp.close()
     return dict(params=params, momentum=momentum, stats=stats, extra_grad_none=extra_grads, steps=step + 1,
-                residuals=residuals, tuned_overlap=tuned, offers_overlap=offers_overlap)
+                residuals=residuals, tuned_overlap=tuned, offers_overlap=offers_overlap, copied=copied)
 
 
 def _tuning(autotune, overlap: bool):
@@ -151,6 +160,7 @@ LOOPS = {
     "autotuned": dict(autotune=True),
     "autotuned_overlap": dict(autotune="overlap"),
     "nan_on_one_rank_raises": dict(nan=True),
+    "step_not_taken_once": dict(step_not_taken=True),
 }
 
 
@@ -215,10 +225,19 @@ def test_every_loop_has_the_bits_of_averaging_in_step_on_every_rank(results):
 def test_the_speculation_hits_where_the_step_sees_what_backward_left(results):
     for r in results:
         for name in ("plain", "clip_never_binding", "accumulation_without_no_sync", "fused", "unused_on_one_rank",
-                     "rebucketed_mid_run", "autotuned"):
+                     "rebucketed_mid_run", "autotuned", "user_allreduce"):
             stats = r[name][True]["stats"]
             assert (stats.hits, stats.misses, stats.paused) == (AFTER_WARMUP, 0, 0), (name, stats)
         assert r["plain"][False]["stats"].hits == 0  # overlap=False never speculates
+        stats = r["step_not_taken_once"][True]["stats"]  # the next backward speculates afresh
+        assert (stats.hits, stats.misses, stats.paused) == (AFTER_WARMUP - 1, 0, 0), stats
+
+
+def test_the_speculation_keeps_the_gradients_backward_made_instead_of_copying_them(results):
+    for r in results:  # after zero_grad() (set to None) the wrapper copies each fresh gradient into its view
+        assert not any(r["plain"][True]["copied"]), r["plain"][True]["copied"]
+        # a second backward accumulates into the views: nothing fresh to keep, the bits are copied
+        assert any(r["accumulation_without_no_sync"][True]["copied"])
 
 
 def test_the_autotuner_switches_speculation_off_and_on_with_the_same_bits(results):
