@@ -12,7 +12,8 @@ averaged momentum, so they stay identical.
 With ``overlap=True`` (default) the averaging runs during backward: each parameter's momentum is
 computed as soon as backward has produced its gradient, each bucket's allreduce launched as soon
 as the bucket is complete, speculating that the step will see those gradients; the step checks that it does
-and otherwise averages again from what it sees, so every step has the bits of ``overlap=False``
+(while the last bucket's allreduce still finishes on the communication thread: backward does not
+wait for it) and otherwise averages again from what it sees, so every step has the bits of ``overlap=False``
 (``bagua.algorithms.qadam_speculation`` says how, and what the check cannot see).
 
 The momentum is averaged as m / (sqrt(v̂) + eps): the frozen variance is identical on all ranks,
