@@ -19,15 +19,17 @@ decentralized         bagua, weights averaged with all peers (peer_selection_mod
 low_precision_decentralized  bagua, ring, 8-bit compressed weight differences
 async                 bagua, background model averaging (sync_interval_ms, warmup_steps=0)
 qadam                 bagua, ``QAdamAlgorithm(QAdamOptimizer(lr=1e-3, warmup_steps=<warm-up>, eps=--qadam-eps))``
+                      (``overlap="auto"``: timed after its trial of both ways)
 onebit_grad           bagua, 1-bit (sign1) gradient allreduce with error feedback, ``warmup_steps=<warm-up>``
 local                 no wrapper, no communication: the step's compute alone (where 1 bit is compute-bound)
+qadam-overlap         the same with ``overlap=True`` (always speculating during backward)
 qadam-nooverlap       the same with ``overlap=False`` (the momentum averaged in ``step()``, not during backward)
 qadam-clip            qadam with ``clip_grad_norm_(params, --clip-norm)`` between backward and step
 qadam-nooverlap-clip  the same with ``overlap=False``
 qadam1                qadam with ``bits=1`` (1-bit momentum with error feedback); ``qadam1-nooverlap``
 ====================  ========================================================================
 
-The last five run only when named (``--net-variants bytegrad qadam qadam-nooverlap qadam-clip
+The last six run only when named (``--net-variants bytegrad qadam qadam-overlap qadam-nooverlap qadam-clip
 qadam-nooverlap-clip``, ``--net-variants ddp qadam qadam1``); rank 0 then logs each qadam
 variant's speculation hits and misses.
 

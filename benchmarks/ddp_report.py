@@ -21,10 +21,12 @@ ALL_VARIANTS = (
 # A BatchNorm after every hidden layer, with the buffers broadcast every step (both wrappers'
 # default) and without (-nobuf): what broadcast_buffers costs each of them.
 BUFFER_VARIANTS = ("ddp-bn", "ddp-bn-nobuf", "gradient_allreduce-bn", "gradient_allreduce-bn-nobuf")
-# qadam with its momentum averaged in step() (overlap=False) instead of during backward, and each
+# qadam (the default overlap="auto") always speculating (overlap=True), with its momentum averaged in
+# step() (overlap=False) instead of during backward, and each
 # with clip_grad_norm_ before every step: what the overlap buys, and what clipping costs it; qadam1:
 # its 1-bit momentum (bits=1), against qadam's 8 bits.
-QADAM_VARIANTS = ("qadam-nooverlap", "qadam-clip", "qadam-nooverlap-clip", "qadam1", "qadam1-nooverlap")
+QADAM_VARIANTS = ("qadam-overlap", "qadam-nooverlap", "qadam-clip", "qadam-nooverlap-clip", "qadam1",
+                  "qadam1-nooverlap")
 NETWORK_VARIANTS = (
     "ddp", "ddp-fp16", "gradient_allreduce", "bytegrad", "decentralized",
     "low_precision_decentralized", "async", "qadam", "onebit_grad",
@@ -40,9 +42,10 @@ LABELS = {
     "decentralized": "bagua decentralized",
     "low_precision_decentralized": "bagua low_precision_decentralized",
     "async": "bagua async",
-    "qadam": "bagua qadam (Adam)",
+    "qadam": "bagua qadam (Adam; overlap=auto)",
     "onebit_grad": "bagua onebit_grad (1 bit, error feedback)",
     "local": "no communication (one rank's compute)",
+    "qadam-overlap": "bagua qadam, overlap=True (always speculating during backward)",
     "qadam-nooverlap": "bagua qadam, overlap=False (momentum averaged in step())",
     "qadam-clip": "bagua qadam, clip_grad_norm_(--clip-norm) before each step",
     "qadam-nooverlap-clip": "bagua qadam, overlap=False, clip_grad_norm_(--clip-norm) before each step",
@@ -145,7 +148,8 @@ def key_summary(jobs: list[dict[str, Any]], gpu: Optional[dict[str, Any]]) -> tu
         for name in vs:
             if name != "ddp" and "ddp" in vs:
                 key[f"{j['setting']}_x{j['world']}_ddp_over_{name}"] = vs["ddp"]["epoch_s"] / vs[name]["epoch_s"]
-        for a, b, target in (("qadam", "bytegrad", 1.10), ("qadam-nooverlap", "bytegrad", None),
+        for a, b, target in (("qadam", "bytegrad", 1.10), ("qadam-overlap", "bytegrad", None),
+                             ("qadam-nooverlap", "bytegrad", None),
                              ("qadam-clip", "qadam-nooverlap-clip", 1.0), ("qadam1", "qadam", None)):
             if a in vs and b in vs:
                 r = vs[a]["step_s"] / vs[b]["step_s"]

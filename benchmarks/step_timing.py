@@ -16,7 +16,8 @@ ddp-fp16              torch DDP + ``default_hooks.fp16_compress_hook``
 <name>-bn[-nobuf]     the caller's model with BatchNorm (-nobuf: ``broadcast_buffers=False``)
 onebit_grad           bagua, 1-bit (sign1) gradient allreduce with error feedback, ``warmup_steps=warmup``
 local                 no wrapper, no communication: the step's compute alone
-qadam-nooverlap       qadam with ``overlap=False`` (its momentum averaged in ``step()``)
+qadam-nooverlap       qadam with ``overlap=False`` (its momentum averaged in ``step()``); qadam itself
+                      is the default ``overlap="auto"``, ``qadam-overlap`` ``overlap=True``
 qadam1[-nooverlap]    qadam with ``bits=1`` (1-bit momentum with error feedback)
 ====================  ========================================================================
 
@@ -90,7 +91,8 @@ class Variant:
         else:
             base = name.split("-")[0]
             if base in ("qadam", "qadam1"):
-                algo = bagua.algorithms.QAdamAlgorithm(optimizer, overlap="-nooverlap" not in name,
+                overlap = False if "-nooverlap" in name else True if "-overlap" in name else "auto"
+                algo = bagua.algorithms.QAdamAlgorithm(optimizer, overlap=overlap,
                                                        bits=1 if base == "qadam1" else 8)
             elif base == "async":
                 algo = bagua.algorithms.AsyncModelAverageAlgorithm(sync_interval_ms=async_interval_ms, warmup_steps=0)
@@ -117,6 +119,12 @@ class Variant:
 
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_norm)
         self.opt.fuse_step() if self.fused else self.opt.step()
+
+    def overlap_trial(self) -> Optional[tuple]:
+        """qadam with ``overlap="auto"``: its trial's ``(choice, (speculating s, not s))``, ``times``
+        None until its first trial ends; None for every other variant."""
+        trial = getattr(getattr(self.model, "impl", None), "overlap_trial", None)
+        return None if trial is None else (trial.choice, trial.times)
 
     def begin_block(self) -> None:
         if self.name == "async" and not self._async_running and self.model.step > 0:
@@ -148,7 +156,8 @@ class Variant:
 def time_interleaved(variants: Sequence[Variant], batches: Sequence, warmup: int, reps: int, block: int,
                      log: Callable[[str], None], tx_bytes: Optional[Callable[[], int]] = None,
                      ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """Warm every variant up (``warmup`` untimed steps, which also pass qadam's warm-up), then time
+    """Warm every variant up (``warmup`` untimed steps, which also pass qadam's warm-up, and for
+    qadam's ``overlap="auto"`` the steps of its first trial), then time
     ``reps`` rotated repetitions of ``block`` steps each. Every variant reads ``batches`` in the
     same order (cycled). Call on every rank.
 
@@ -187,6 +196,11 @@ def time_interleaved(variants: Sequence[Variant], batches: Sequence, warmup: int
     for v in variants:
         v.begin_block()
         guarded_steps(v, warmup, None)
+        while v.name not in diverged and v.overlap_trial() is not None and v.overlap_trial()[1] is None:
+            guarded_steps(v, 1, None)  # qadam overlap="auto": time the steady state, after its trial
+        if v.overlap_trial() is not None and v.name not in diverged:
+            choice, (on, off) = v.overlap_trial()
+            log(f"{v.name}: overlap=auto speculates: {choice} (steps {1e3 * on:.0f} ms speculating, {1e3 * off:.0f} ms not)")
         if v.name not in diverged:
             v.end_block()
         dist.barrier()
@@ -245,4 +259,6 @@ def time_interleaved(variants: Sequence[Variant], batches: Sequence, warmup: int
             "blocks_s": block_t[v.name],
             "grad_bytes": v.grad_bytes,
         }
+        if v.overlap_trial() is not None:
+            rows[v.name]["overlap_trial"] = v.overlap_trial()
     return rows, diverged

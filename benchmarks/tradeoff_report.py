@@ -545,19 +545,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise SystemExit(f"{path} holds no setting yet")
     quick = results.get("size") == "quick"
     suffix = "_quick" if quick else ""
+    # a results file elsewhere (an experiment's --results) is reported, never written into the project's files
+    own = path.resolve() == results_path(results.get("size", "full")).resolve()
     try:
         fit = fit_results(results)
     except ValueError as e:  # not enough settings yet for a fit
         print(f"no fit: {e}")
         fit = None
-    if fit is not None:
+    if fit is not None and own:
         (HERE / "results" / f"tradeoff_model{suffix}.json").write_text(json.dumps(fit, indent=1))
         plot_paper(fit, HERE / "figures" / "tradeoff_paper.png")
     figure = f"tradeoff{suffix}.png"
-    plot(results, fit, HERE / "figures" / figure)
+    if own:
+        plot(results, fit, HERE / "figures" / figure)
     section = results_section(results, fit, figure)
     print(section)
-    if not quick or not results_path("full").exists():
+    if not own:
+        print(f"\n{path} is not the project's results file: RESULTS.md, the guide, the figures and the fit left as they are")
+    elif not quick or not results_path("full").exists():
         replace_section(RESULTS_MD, section)
         replace_section(GUIDE, guide_section(results, fit, figure))
         print(f"\nwrote the generated parts of {RESULTS_MD.relative_to(ROOT)} and {GUIDE.relative_to(ROOT)}")

@@ -9,12 +9,14 @@ across ranks, MinMaxUInt8-compressed, one buffer per gradient bucket with each t
 codec blocks; then the optimizer applies ``lr · m̂ / (sqrt(v̂) + eps)``. All ranks apply the same
 averaged momentum, so they stay identical.
 
-With ``overlap=True`` (default) the averaging runs during backward: each parameter's momentum is
+With ``overlap=True`` the averaging runs during backward: each parameter's momentum is
 computed as soon as backward has produced its gradient, each bucket's allreduce launched as soon
 as the bucket is complete, speculating that the step will see those gradients; the step checks that it does
 (while the last bucket's allreduce still finishes on the communication thread: backward does not
 wait for it) and otherwise averages again from what it sees, so every step has the bits of ``overlap=False``
-(``bagua.algorithms.qadam_speculation`` says how, and what the check cannot see).
+(``bagua.algorithms.qadam_speculation`` says how, and what the check cannot see). With
+``overlap="auto"`` (default) the ranks measure steps both ways soon after warm-up (and every 1000
+steps) and keep the faster: the bits are the same either way.
 
 The momentum is averaged as m / (sqrt(v̂) + eps): the frozen variance is identical on all ranks,
 so this is the same average, and the 8-bit rounding then stays small next to each coordinate's
@@ -49,8 +51,9 @@ Example::
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import Future
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -62,11 +65,12 @@ from ..comm.hierarchical import hierarchical_allreduce
 from ..optim.qadam import QAdamOptimizer, decayed_gradient, new_momentum
 from .base import Algorithm, AlgorithmImpl, Carry
 from .gradient_allreduce import SEGMENT_SIZES, append_gradient_allreduce, hierarchical_node_groups
-from .qadam_speculation import Speculation
+from .qadam_speculation import OverlapTrial, Speculation
 from .residuals import BucketResiduals
 from .tunable import Tunable
 
 logger = logging.getLogger(__name__)
+_WARMUP_STEP = object()  # what a step that averaged no momentum leaves for the overlap trial
 
 #: the momentum's codec by ``bits``: 8 bits per value, or the sign and one scale per 256 values
 CODECS = {8: "minmax_uint8", 1: "sign1"}
@@ -160,7 +164,7 @@ class QAdamImpl(AlgorithmImpl):
     optimizer's ``MomentumCommunicator``."""
 
     def __init__(self, process_group: BaguaProcessGroup, optimizer: QAdamOptimizer, hierarchical: bool,
-                 overlap: bool, bits: int = 8):
+                 overlap: Union[bool, str], bits: int = 8):
         super().__init__(process_group)
         self.node_groups = hierarchical_node_groups(process_group) if hierarchical else None
         self.optimizer = optimizer
@@ -170,8 +174,11 @@ class QAdamImpl(AlgorithmImpl):
         self.state_per_rank = self.residuals is not None
         self.segment_elems = SEGMENT_ELEMS  # of the compressed momentum allreduce
         #: the momentum averaged during backward (``overlap``); ``speculation.stats`` counts its hits
-        self.speculation = Speculation(enabled=overlap)
-        self.overlap_allowed = overlap  # the autotuner may switch speculation off and on again
+        self.speculation = Speculation(enabled=bool(overlap))
+        self.overlap_allowed = bool(overlap)  # the autotuner may switch speculation off and on again
+        #: overlap="auto": whether to speculate, measured (None: fixed, or the autotuner's to set)
+        self.overlap_trial = OverlapTrial() if overlap == "auto" else None
+        self._trial_sample: object = _WARMUP_STEP  # how the last step averaged: OverlapTrial.step_ended
         self._momentum: dict[int, MomentumBucket] = {}  # by id of the wrapper's bucket, in bucket order
         self._slots: dict[str, tuple[MomentumBucket, int]] = {}  # parameter name -> its bucket and place
         self._groups: dict[int, dict] = {}  # id(parameter) -> its param group
@@ -294,6 +301,23 @@ class QAdamImpl(AlgorithmImpl):
 
     def on_optimizer_step_post(self, ddp) -> None:
         self._follow_phase(ddp)
+        sample, self._trial_sample = self._trial_sample, _WARMUP_STEP
+        if self.overlap_trial is not None and sample is not _WARMUP_STEP:
+            self._count_for_trial(sample)
+
+    def _count_for_trial(self, speculated: Optional[bool]) -> None:
+        """``overlap="auto"``: time the step that just ended, agree on the trial's verdict at its
+        end, and set whether the next step speculates."""
+        medians = self.overlap_trial.step_ended(speculated, time.perf_counter())
+        if medians is not None:
+            agreed = torch.tensor(medians, dtype=torch.float64)
+            with trusted():  # every rank ends the trial at the same step
+                allreduce(agreed, op=ReduceOp.AVG, group=self.process_group)
+            choice = self.overlap_trial.decide(*agreed.tolist())
+            if self.process_group.rank == 0:
+                logger.info("qadam overlap=auto: a step took %.1f ms speculating, %.1f ms averaging in step(): %s",
+                            1e3 * agreed[0], 1e3 * agreed[1], "speculating" if choice else "averaging in step()")
+        self.speculation.enabled = self.overlap_trial.wants()
 
     def on_weights_loaded(self, ddp) -> None:
         self._settle()
@@ -340,6 +364,7 @@ class QAdamImpl(AlgorithmImpl):
             self.segment_elems = int(value)
         elif name == "overlap" and self.overlap_allowed:
             self._settle()
+            self.overlap_trial = None  # the tuner's choice from now on
             self.speculation.restart(enabled=bool(value))
         else:
             super().set_tunable(ddp, name, value)
@@ -376,6 +401,9 @@ class QAdamImpl(AlgorithmImpl):
             skip, held = bool(verdict[0]), held and not verdict.any()
         self.speculation.conclude(speculated, held, probed=probed)
         self._averaged = hit = speculated and held
+        # for overlap="auto": a step that speculated and took it (True), or did not speculate by
+        # choice (False); neither (None) a skipped step, a miss, a pause or a probe
+        self._trial_sample = None if skip or (self.speculation.enabled and not hit) else hit
         self._written_back = 0
         if hit:  # the momenta of the buckets that arrived, while the last one's allreduce finishes
             self._write_back_arrived()
@@ -433,9 +461,12 @@ class QAdamAlgorithm(Algorithm):
         overlap: after warm-up, average each bucket's momentum during backward, speculatively
             (``bagua.algorithms.qadam_speculation``): the same bits as ``overlap=False``, which
             averages in ``step()``, in every loop but those that write into the parameters or
-            the optimizer's state between backward and step past the version counters. With
-            ``autotune`` the tuner may switch it off where speculating costs more than it hides
-            (measured step times; the same bits either way); ``overlap=False`` always stays off.
+            the optimizer's state between backward and step past the version counters.
+            ``"auto"`` (default): speculate where it makes the steps faster, measured
+            (``OverlapTrial``: 12 steps soon after warm-up and every 1000 steps, both ways; the
+            ranks agree); ``True``: always. Speculating costs a check of the gradients at each
+            step, which a fast link or busy cores may not repay. With ``autotune`` the tuner
+            decides instead; ``overlap=False`` always stays off.
         bits: 8 (default): the momentum ratios MinMaxUInt8-compressed; 1: their signs and one
             scale per 256 values (sign1, about 28x fewer bytes than fp32, 7x fewer than 8
             bits), with error feedback on every rank and on each chunk's reducer, kept as this
@@ -452,8 +483,8 @@ class QAdamAlgorithm(Algorithm):
 
     optimizer_class = QAdamOptimizer  # by name: the wrapper's one QAdamOptimizer
 
-    def __init__(self, q_adam_optimizer: QAdamOptimizer, hierarchical: bool = False, overlap: bool = True,
-                 bits: int = 8):
+    def __init__(self, q_adam_optimizer: QAdamOptimizer, hierarchical: bool = False,
+                 overlap: Union[bool, str] = "auto", bits: int = 8):
         if not isinstance(q_adam_optimizer, QAdamOptimizer):
             raise TypeError(
                 f"QAdamAlgorithm needs a bagua.optim.QAdamOptimizer, got {type(q_adam_optimizer).__name__}"
@@ -461,9 +492,12 @@ class QAdamAlgorithm(Algorithm):
         if not isinstance(bits, int) or isinstance(bits, bool) or bits not in CODECS:
             raise ValueError(f"QAdamAlgorithm: bits must be one of {sorted(CODECS, reverse=True)} (8: MinMaxUInt8 "
                              f"momentum, 1: sign1 with error feedback), got {bits!r}")
+        if overlap not in (True, False, "auto"):
+            raise ValueError(f"QAdamAlgorithm: overlap must be True, False or 'auto' (speculate where it is faster, "
+                             f"measured), got {overlap!r}")
         self.optimizer = q_adam_optimizer
         self.hierarchical = bool(hierarchical)
-        self.overlap = bool(overlap)
+        self.overlap = overlap if overlap == "auto" else bool(overlap)
         self.bits = int(bits)
 
     def reify(self, process_group: BaguaProcessGroup) -> AlgorithmImpl:

@@ -44,6 +44,11 @@ only if they held on every rank does the next step speculate again. A loop that 
 step so pays a few values per probe, not a wasted allreduce. The logger
 ``bagua.algorithms.qadam_speculation`` logs each step's outcome and the hit rate at DEBUG.
 
+Where the copy and the check cost more than the communication they hide (a fast link, every
+core busy), not speculating is faster. ``OverlapTrial`` (``QAdamAlgorithm(overlap="auto")``, the
+default) times steps both ways soon after warm-up and every ``TRIAL_EVERY`` steps, and the ranks
+keep the faster way.
+
 Example::
 
     model = bagua.DistributedDataParallel(model, [opt], bagua.algorithms.QAdamAlgorithm(opt))
@@ -56,6 +61,8 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import logging
+import math
+import statistics
 from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
@@ -72,6 +79,9 @@ MAX_PAUSE = 64
 #: about how many values of each gradient a probe keeps and checks (evenly spaced)
 PROBE_ELEMS = 64
 _SAME_SIZE_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+#: ``overlap="auto"``: steps after warm-up before each trial (the loop settles; they speculate),
+#: the trial's steps (speculating two, then not two, and so on), and every how many steps it repeats
+TRIAL_SETTLE_STEPS, TRIAL_STEPS, TRIAL_EVERY = 2, 12, 1000
 
 
 class _Inputs:
@@ -312,4 +322,65 @@ class Speculation:
                          "" if hit else f"; pausing {self._pause} step(s), then probing")
 
 
-__all__ = ["MAX_PAUSE", "PROBE_ELEMS", "Speculation", "SpeculationStats"]
+class OverlapTrial:
+    """``QAdamAlgorithm(overlap="auto")``: whether speculating pays here, measured. Both ways
+    give the same bits, but the speculation's copy and check cost compute that the communication
+    it hides may not repay (a fast link, every core busy). ``TRIAL_SETTLE_STEPS`` after warm-up
+    (and every ``TRIAL_EVERY`` steps), ``TRIAL_STEPS`` steps alternate two speculating and two
+    not; each step's wall time (from the end of the step before: forward, backward and step)
+    counts for its way, a speculation that missed or paused for neither. The ranks average their
+    medians (``decide``), so every rank keeps the same way until the next trial.
+
+    Example::
+
+        trial = OverlapTrial()
+        speculation.enabled = trial.wants()                  # before each step's backward
+        medians = trial.step_ended(True, time.perf_counter())  # after it: it speculated and hit
+        if medians is not None:                              # the trial's last step
+            speculation.enabled = trial.decide(*averaged_over_ranks(medians))
+    """
+
+    def __init__(self) -> None:
+        self.choice = True  # speculate, until a trial says otherwise
+        #: the last trial's median step seconds (speculating, not), averaged over the ranks; None before
+        self.times: Optional[tuple[float, float]] = None
+        self._steps = 0  # steps after warm-up so far
+        self._last_end: Optional[float] = None
+        self._samples: dict[bool, list[float]] = {True: [], False: []}
+
+    def _position(self) -> int:
+        """Where the coming step falls in its trial (outside ``[0, TRIAL_STEPS)``: no trial)."""
+        return self._steps % TRIAL_EVERY - TRIAL_SETTLE_STEPS
+
+    def wants(self) -> bool:
+        """Whether the coming step speculates."""
+        position = self._position()
+        if 0 <= position < TRIAL_STEPS:
+            return position // 2 % 2 == 0
+        return self.choice
+
+    def step_ended(self, speculated: Optional[bool], now: float) -> Optional[tuple[float, float]]:
+        """Count a step after warm-up that ended at ``now`` (``perf_counter``): ``speculated``
+        True (its speculation was taken), False (it did not speculate), None (neither: a miss, a
+        pause, a probe). After the trial's last step: this rank's median step seconds
+        (speculating, not; ``inf`` without a sample) for the ranks to average and ``decide``."""
+        position = self._position()
+        if 0 <= position < TRIAL_STEPS and speculated is not None and self._last_end is not None:
+            self._samples[speculated].append(now - self._last_end)
+        self._last_end = now
+        self._steps += 1
+        if position != TRIAL_STEPS - 1:
+            return None
+        medians = tuple(statistics.median(s) if s else math.inf for s in (self._samples[True], self._samples[False]))
+        self._samples = {True: [], False: []}
+        return medians
+
+    def decide(self, speculating: float, not_speculating: float) -> bool:
+        """Keep the faster way (medians averaged over the ranks) until the next trial."""
+        self.times = (speculating, not_speculating)
+        self.choice = speculating <= not_speculating and math.isfinite(speculating)
+        return self.choice
+
+
+__all__ = ["MAX_PAUSE", "PROBE_ELEMS", "TRIAL_EVERY", "TRIAL_SETTLE_STEPS", "TRIAL_STEPS", "OverlapTrial",
+           "Speculation", "SpeculationStats"]

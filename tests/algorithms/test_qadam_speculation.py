@@ -11,13 +11,15 @@ fails its probe at the 3rd; one that stops at its 2nd speculates again at its 4t
 from __future__ import annotations
 
 import logging
+import math
+import time
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import bagua
-from bagua.algorithms.qadam_speculation import _same_bits
+from bagua.algorithms.qadam_speculation import TRIAL_EVERY, TRIAL_SETTLE_STEPS, TRIAL_STEPS, OverlapTrial, _same_bits
 from tests.harness import run_ranks
 
 # Under xdist (`--dist loadgroup`) one worker runs the module: its module-scoped jobs run once, not once per worker.
@@ -66,6 +68,11 @@ def _another_backward_without_sync(ctx):
         F.cross_entropy(ddp(x * 2), y).backward()
 
 
+def _slow_speculation_on_rank_0(ctx):
+    if ctx["rank"] == 0 and ctx["ddp"].impl.speculation.active:  # this step speculated
+        time.sleep(0.05)
+
+
 def _user_allreduce(ctx):
     loss = torch.tensor([float(ctx["step"])])
     torch.distributed.all_reduce(loss)  # while the speculation's last bucket still crosses the link
@@ -84,9 +91,9 @@ BETWEEN = {
 }
 
 
-def _loop(rank: int, overlap: bool, between=None, *, scaler: str = "", accumulate: bool = False,
+def _loop(rank: int, overlap, between=None, *, scaler: str = "", accumulate: bool = False,
           fused: bool = False, unused: bool = False, rebucket: bool = False, hierarchical: bool = False,
-          nan: bool = False, autotune=False, bits: int = 8, step_not_taken: bool = False) -> dict:
+          nan: bool = False, autotune=False, bits: int = 8, step_not_taken: bool = False, steps: int = STEPS) -> dict:
     model = _Net(extra_head=unused)  # used by every rank in warm-up, then by rank 0 alone
     opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=WARMUP, weight_decay=0.01)
     if fused:
@@ -97,7 +104,7 @@ def _loop(rank: int, overlap: bool, between=None, *, scaler: str = "", accumulat
     grad_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10) if scaler else None
     g = torch.Generator().manual_seed(rank)
     extra_grads = []
-    for step in range(STEPS):
+    for step in range(steps):
         x = torch.randn(8, 12, generator=g)
         y = x[:, :3].argmax(dim=1)
         opt.zero_grad()
@@ -115,7 +122,7 @@ def _loop(rank: int, overlap: bool, between=None, *, scaler: str = "", accumulat
             if scaler == "unscale_":
                 grad_scaler.unscale_(opt)
             if between is not None:
-                between(dict(model=model, opt=opt, ddp=ddp, batch=(x, y), step=step))
+                between(dict(model=model, opt=opt, ddp=ddp, batch=(x, y), step=step, rank=rank))
         extra_grads.append(unused and model.extra.weight.grad is None)
         if step_not_taken and step == WARMUP + 1:
             continue  # a backward whose step the loop does not take: the next forward goes on
@@ -135,9 +142,11 @@ def _loop(rank: int, overlap: bool, between=None, *, scaler: str = "", accumulat
     offers_overlap = "overlap" in ddp.tunables()
     copied = [mb.grad_copies is not None for mb in ddp.impl._momentum.values()]  # the gradients' bits copied
     residuals = ddp.impl.state_dict()  # bits=1: this rank's error-feedback residuals per parameter
+    trial = ddp.impl.overlap_trial
     ddp.close()
     return dict(params=params, momentum=momentum, stats=stats, extra_grad_none=extra_grads, steps=step + 1,
-                residuals=residuals, tuned_overlap=tuned, offers_overlap=offers_overlap, copied=copied)
+                residuals=residuals, tuned_overlap=tuned, offers_overlap=offers_overlap, copied=copied,
+                trial=None if trial is None else (trial.choice, trial.times))
 
 
 def _tuning(autotune, overlap: bool):
@@ -173,6 +182,9 @@ def _job(rank: int) -> dict:
     log.setLevel(logging.DEBUG)
     out = {name: {overlap: _loop(rank, overlap, **kw) for overlap in (True, False)} for name, kw in LOOPS.items()}
     out["debug_log"] = records
+    # overlap="auto" through its first trial and 2 steps past it, rank 0 slow on speculating steps
+    steps = WARMUP + TRIAL_SETTLE_STEPS + TRIAL_STEPS + 2
+    out["auto"] = {way: _loop(rank, way, _slow_speculation_on_rank_0, steps=steps) for way in ("auto", False)}
     return out
 
 
@@ -246,6 +258,55 @@ def test_the_autotuner_switches_speculation_off_and_on_with_the_same_bits(result
         assert tuned["tuned_overlap"][:2] == [True, False], tuned["tuned_overlap"]  # both measured
         assert tuned["stats"].hits >= 1 and tuned["stats"].misses == 0, tuned["stats"]
     assert results[0]["autotuned_overlap"][True]["tuned_overlap"] == results[1]["autotuned_overlap"][True]["tuned_overlap"]
+
+
+def test_overlap_auto_times_both_ways_and_every_rank_keeps_the_faster_with_the_same_bits(results):
+    for r in results:
+        ours, exact = r["auto"]["auto"], r["auto"][False]
+        assert torch.equal(ours["params"].view(torch.int32), exact["params"].view(torch.int32))
+        assert torch.equal(ours["momentum"].view(torch.int32), exact["momentum"].view(torch.int32))
+        choice, (speculating, not_speculating) = ours["trial"]
+        # rank 0 sleeps 50 ms in each speculating step: the ranks' average says not to speculate
+        assert not choice and speculating > not_speculating + 0.02, ours["trial"]
+        # the settling steps and the trial's speculating half hit; nothing after the verdict
+        assert ours["stats"].hits == TRIAL_SETTLE_STEPS + TRIAL_STEPS // 2 and ours["stats"].misses == 0, ours["stats"]
+        assert exact["trial"] is None
+    assert results[0]["auto"]["auto"]["trial"] == results[1]["auto"]["auto"]["trial"]
+
+
+def test_overlap_trial_alternates_pairs_of_steps_and_keeps_the_faster_way():
+    trial, now, ways = OverlapTrial(), 0.0, []
+    for _ in range(TRIAL_SETTLE_STEPS + TRIAL_STEPS + 2):
+        way = trial.wants()
+        ways.append(way)
+        now += 1.0 if way else 0.5  # not speculating is faster here
+        medians = trial.step_ended(way, now)
+        if medians is not None:
+            assert medians == (1.0, 0.5)
+            assert trial.decide(*medians) is False
+    pairs = [True, True, False, False] * (TRIAL_STEPS // 4)
+    assert ways == [True] * TRIAL_SETTLE_STEPS + pairs + [False, False]
+    assert trial.times == (1.0, 0.5)
+    # every TRIAL_EVERY steps the trial runs again, from speculating
+    for _ in range(TRIAL_EVERY - len(ways)):
+        trial.step_ended(trial.wants(), now)
+    assert trial.wants() is False  # settling keeps the last choice
+    assert trial.decide(0.4, 0.5) is True and trial.decide(math.inf, math.inf) is False  # no sample: in step()
+
+
+def test_overlap_trial_counts_no_step_that_missed_or_paused():
+    trial, now = OverlapTrial(), 0.0
+    for _ in range(TRIAL_SETTLE_STEPS + TRIAL_STEPS):
+        way = trial.wants()
+        now += 1.0
+        medians = trial.step_ended(None if way else False, now)  # every speculation missed
+    assert medians == (math.inf, 1.0) and trial.decide(*medians) is False
+
+
+def test_qadam_rejects_an_overlap_it_does_not_know():
+    opt = bagua.optim.QAdamOptimizer(torch.nn.Linear(2, 2).parameters())
+    with pytest.raises(ValueError, match="overlap must be True, False or 'auto'"):
+        bagua.algorithms.QAdamAlgorithm(opt, overlap="sometimes")
 
 
 def test_a_wrapper_built_with_overlap_false_offers_the_tuner_no_overlap(results):

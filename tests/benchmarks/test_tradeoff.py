@@ -171,3 +171,16 @@ def test_a_real_worker_job_records_steps_buckets_and_messages(tmp_path):
     assert {m["what"] for m in onebit["messages"]} == {"1-bit allreduce"} and onebit["step_s"] > 0
     assert onebit["bagua_sent_per_step"] == pytest.approx(onebit["model_bytes_per_step"], rel=0.02)
     assert onebit["bagua_sent_per_step"] < ddp["ring_formula_per_step"] / 20
+
+
+def test_a_report_of_results_elsewhere_leaves_the_projects_files_alone(tmp_path, capsys):
+    """An experiment's ``--results /tmp/x.json`` is reported, not written over RESULTS.md, the guide,
+    the figures or the fit of the project's own sweep."""
+    path = tmp_path / "experiment.json"
+    path.write_text(json.dumps(synthetic_results()))
+    watched = [tradeoff_report.RESULTS_MD, tradeoff_report.GUIDE, *(tradeoff_report.HERE / "figures").glob("tradeoff*.png"),
+               *(tradeoff_report.HERE / "results").glob("tradeoff_model*.json")]
+    before = {p: p.read_bytes() for p in watched}
+    assert tradeoff_report.main(["--results", str(path)]) == 0
+    assert {p: p.read_bytes() for p in watched} == before
+    assert "is not the project's results file" in capsys.readouterr().out
