@@ -235,11 +235,9 @@ class QAdamImpl(AlgorithmImpl):
 
     def _average(self, momentum: MomentumBucket, ahead: bool) -> None:
         """Fill ``momentum``'s ratios (``ahead``: those backward's hooks have not, from the gradients
-        as they are, speculating) and launch their allreduce, then finish the previous bucket's
-        (its reduction and second exchange travel while this one's first exchange does) and check
-        its average for NaN: at most one left unfinished (``_in_flight``), as the engine pipelines
-        other algorithms' buckets. With 1 bit, a speculation runs on a provisional copy of the
-        residuals, which only a hit keeps.
+        as they are, speculating) and launch their allreduce once the previous bucket's has finished:
+        one in flight at a time, left unfinished (``_in_flight``). With 1 bit, a speculation runs on
+        a provisional copy of the residuals, which only a hit keeps.
 
         As a bucket's op (``ahead``, on the engine's thread) it hands no handle to the engine, so
         backward ends without waiting for the last bucket's allreduce; ``on_backward_end`` has
@@ -250,24 +248,24 @@ class QAdamImpl(AlgorithmImpl):
             self.speculation.complete(momentum)
         else:
             momentum.fill()
+        previous = self._in_flight[0] if self._in_flight is not None else None
+        self._finish_in_flight()
         feedback = momentum.residuals(provisional=ahead)
         momentum.launching()
-        if self.node_groups is not None:  # synchronous: nothing is left in flight
+        if self.node_groups is not None:
             hierarchical_allreduce(momentum.flat, op=ReduceOp.AVG, compression=self.codec, nonfinite="propagate",
                                    groups=self.node_groups, starts=momentum.starts, segment_elems=self.segment_elems,
                                    error_feedback=feedback)
             return
-        previous, self._in_flight = self._in_flight, None
         handle = compressed_allreduce(momentum.flat, op=ReduceOp.AVG, codec=self.codec, group=self.process_group,
                                       async_op=True, nonfinite="propagate", starts=momentum.starts,
                                       segment_elems=self.segment_elems, error_feedback=feedback)
         self._in_flight = (momentum, handle)
         if previous is not None:
-            previous[1].wait()
-            previous[0].finite()  # checked while this bucket's transfer goes on, not at the step
+            previous.finite()  # checked while this bucket's transfer goes on, not at the step
 
     def _finish_in_flight(self) -> None:
-        """Finish the momentum allreduce in flight, if any."""
+        """Finish the momentum allreduce in flight, if any (before the next bucket's launches)."""
         in_flight, self._in_flight = self._in_flight, None
         if in_flight is not None:
             in_flight[1].wait()
