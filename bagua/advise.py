@@ -187,10 +187,12 @@ def _compressed(nbytes: float, m: int, overlap: str, what: str, per_element: flo
 
 
 def message_pattern(algorithm: str, buckets: Sequence[float], world_size: int, ranks_per_machine: int = 1,
-                    backend: str = "gloo") -> list[Collective]:
+                    backend: str = "gloo", speculating: bool = True) -> list[Collective]:
     """The collectives of one step of ``algorithm`` (after any warm-up), with fp32 buckets of
     ``buckets`` bytes in launch order, on ``world_size`` ranks, ``ranks_per_machine`` per machine
-    (no agreement check: the wrapper's per-step collectives skip it).
+    (no agreement check: the wrapper's per-step collectives skip it). ``speculating=False``: qadam
+    averaging its momentum in ``step()`` (``overlap=False``, or where ``overlap="auto"`` found that
+    faster), after backward and with no verdict.
 
     Example::
 
@@ -217,6 +219,8 @@ def message_pattern(algorithm: str, buckets: Sequence[float], world_size: int, r
         return [Collective("ring exchange", neighbours * b / 4 * UINT8_BYTES_PER_ELEMENT, 1, "none") for b in buckets]
     if algorithm in ("qadam", "qadam-1bit"):  # each bucket's momentum during backward (a hit), then the verdict
         per_element = SIGN1_BYTES_PER_ELEMENT if algorithm == "qadam-1bit" else UINT8_BYTES_PER_ELEMENT
+        if not speculating:
+            return [_compressed(b, m, "none", "compressed momentum allreduce", per_element) for b in buckets]
         return [*(_compressed(b, m, "backward", "compressed momentum allreduce", per_element) for b in buckets),
                 _ring(VERDICT_BYTES, m, backend, "none", "verdict allreduce")]
     return [_ring(sum(buckets), m, backend, "background", "weights allreduce")]  # async

@@ -128,12 +128,13 @@ def bucket_layout(variant) -> list[int]:
     return [b.flat.numel() * b.flat.element_size() for b in variant.model.buckets]
 
 
-def messages_per_step(name: str, buckets: list[int], world: int) -> dict[str, Any]:
+def messages_per_step(name: str, buckets: list[int], world: int, speculating: bool = True) -> dict[str, Any]:
     """The variant's buckets and its step's collectives as ``bagua.advise`` counts them from the
-    code: bytes, messages in sequence (hops) and what each hides behind."""
+    code: bytes, messages in sequence (hops) and what each hides behind (qadam: ``speculating``,
+    what its ``overlap="auto"`` trial chose)."""
     from bagua.advise import message_pattern
 
-    pattern = message_pattern(ADVISE_NAME.get(name, name), buckets, world, backend="gloo")
+    pattern = message_pattern(ADVISE_NAME.get(name, name), buckets, world, backend="gloo", speculating=speculating)
     on_step = [c for c in pattern if c.overlap != "background"]
     return {"buckets": buckets, "messages": [asdict(c) for c in pattern], "hops_per_step": sum(c.hops for c in on_step),
             "model_bytes_per_step": sum(c.nbytes for c in on_step)}
@@ -174,7 +175,8 @@ def run_worker(args: argparse.Namespace) -> int:
     rows, diverged = time_interleaved(variants, batches, WARMUP, args.reps, args.block, log, tx_bytes_reader())
     for v in variants:
         if v.name in rows:
-            rows[v.name].update(messages_per_step(v.name, bucket_layout(v), world))
+            speculating = rows[v.name].get("overlap_trial", (True,))[0]
+            rows[v.name].update(messages_per_step(v.name, bucket_layout(v), world, speculating))
         if v.name not in diverged or v.is_torch:  # a torch DDP goes before the groups: Variant.close
             v.close()
     if rank == 0:

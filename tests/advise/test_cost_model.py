@@ -46,6 +46,8 @@ def test_each_algorithms_step_as_counted_from_the_code():
     qadam = message_pattern("qadam", [MB13, MB13], 4)  # the momentum by bucket during backward, then the verdict
     assert [(c.hops, c.overlap) for c in qadam] == [(2, "backward"), (2, "backward"), (6, "none")]
     assert qadam[0].nbytes == pytest.approx(1.5 * wire)
+    in_step = message_pattern("qadam", [MB13, MB13], 4, speculating=False)  # overlap off: after backward, no verdict
+    assert [(c.hops, c.overlap, c.nbytes) for c in in_step] == [(2, "none", qadam[0].nbytes)] * 2
     assert [c.overlap for c in message_pattern("async", [MB13], 4)] == ["background"]
     onebit, = message_pattern("onebit_grad", [MB13], 4)  # past its warm-up: bytegrad's pattern at 1.125 bits
     assert (onebit.hops, onebit.overlap) == (2, "backward")
