@@ -135,7 +135,9 @@ def _encode_rows(
         count = lengths.to(torch.float32)[:, None]
     else:
         count = torch.full((m, 1), float(length), device=a.device)
-    scale = torch.sqrt(_tree_sum_(a) / count)  # IEEE division and square root, as div_rn, sqrt_rn
+    # IEEE division and square root, as div_rn, sqrt_rn: torch's float32 sqrt on CPU (SLEEF, 0.5001
+    # ulp) rounds ~0.5% of values the other way; float64's, rounded to float32, is exact for them
+    scale = torch.sqrt((_tree_sum_(a) / count).double()).float()
     bad = ~torch.isfinite(scale)  # NaN or Inf in the block, or the sum overflowed
     signs = rows >= 0
     if bool(bad.any()):
