@@ -196,10 +196,12 @@ def time_interleaved(variants: Sequence[Variant], batches: Sequence, warmup: int
     for v in variants:
         v.begin_block()
         guarded_steps(v, warmup, None)
-        while v.name not in diverged and v.overlap_trial() is not None and v.overlap_trial()[1] is None:
+        trial = v.overlap_trial()
+        while v.name not in diverged and trial is not None and trial[1] is None:
             guarded_steps(v, 1, None)  # qadam overlap="auto": time the steady state, after its trial
-        if v.overlap_trial() is not None and v.name not in diverged:
-            choice, (on, off) = v.overlap_trial()
+            trial = v.overlap_trial()
+        if trial is not None and v.name not in diverged:
+            choice, (on, off) = trial
             log(f"{v.name}: overlap=auto speculates: {choice} (steps {1e3 * on:.0f} ms speculating, {1e3 * off:.0f} ms not)")
         if v.name not in diverged:
             v.end_block()

@@ -311,10 +311,11 @@ class QAdamImpl(AlgorithmImpl):
             agreed = torch.tensor(medians, dtype=torch.float64)
             with trusted():  # every rank ends the trial at the same step
                 allreduce(agreed, op=ReduceOp.AVG, group=self.process_group)
-            choice = self.overlap_trial.decide(*agreed.tolist())
+            speculating, not_speculating = agreed.tolist()
+            choice = self.overlap_trial.decide(speculating, not_speculating)
             if self.process_group.rank == 0:
                 logger.info("qadam overlap=auto: a step took %.1f ms speculating, %.1f ms averaging in step(): %s",
-                            1e3 * agreed[0], 1e3 * agreed[1], "speculating" if choice else "averaging in step()")
+                            1e3 * speculating, 1e3 * not_speculating, "speculating" if choice else "averaging in step()")
         self.speculation.enabled = self.overlap_trial.wants()
 
     def on_weights_loaded(self, ddp) -> None:
