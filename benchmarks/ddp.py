@@ -2,7 +2,7 @@
 """Data-parallel training step time: torch DDP vs bagua.DistributedDataParallel, every algorithm.
 
 Every rank builds one copy of the same MLP per variant (same seed, same per-rank data, SGD with
-momentum 0.9, qadam excepted: it needs its QAdamOptimizer) and times training steps
+momentum 0.9, qadam excepted: it needs its QAdamOptimizer; ``-adam`` variants: torch Adam) and times training steps
 (``zero_grad; forward; cross-entropy; backward; step``) of the variants interleaved: each
 repetition runs a block of ``--block`` steps of every variant, the order rotated from one
 repetition to the next (A B C ..., then B C ... A) so that drifts in machine load hit them alike.
@@ -27,11 +27,13 @@ qadam-nooverlap       the same with ``overlap=False`` (the momentum averaged in 
 qadam-clip            qadam with ``clip_grad_norm_(params, --clip-norm)`` between backward and step
 qadam-nooverlap-clip  the same with ``overlap=False``
 qadam1                qadam with ``bits=1`` (1-bit momentum with error feedback); ``qadam1-nooverlap``
+bytegrad-adam         bytegrad with ``torch.optim.Adam(lr=1e-3)``: qadam's optimizer family, so that
+                      qadam / bytegrad-adam compares the communication alone
 ====================  ========================================================================
 
-The last six run only when named (``--net-variants bytegrad qadam qadam-overlap qadam-nooverlap qadam-clip
-qadam-nooverlap-clip``, ``--net-variants ddp qadam qadam1``); rank 0 then logs each qadam
-variant's speculation hits and misses.
+The last seven run only when named (``--net-variants bytegrad bytegrad-adam qadam qadam-overlap
+qadam-nooverlap qadam-clip qadam-nooverlap-clip``, ``--net-variants ddp qadam qadam1``); rank 0
+then logs each qadam variant's speculation hits and misses.
 
 Measured per variant: the median step time over all timed steps (each rank's median, then the max
 over ranks), the "epoch" time (the sum of the timed blocks, i.e. ``--reps * --block`` steps; max
@@ -162,7 +164,7 @@ def make_batches(dims: Sequence[int], batch: int, count: int, rank: int, device:
 def make_variant(name: str, dims: Sequence[int], warmup: int, async_interval_ms: int, device: str = "cpu",
                  qadam_eps: float = 1e-8, clip_norm: float = 1.0) -> Variant:
     """One of ddp.py's variants: the MLP (with BatchNorm for ``-bn``), SGD with momentum 0.9 (qadam:
-    ``QAdamOptimizer`` past ``warmup`` steps), cross-entropy on ``(x, y)`` batches (``-clip``:
+    ``QAdamOptimizer`` past ``warmup`` steps; ``-adam``: torch Adam), cross-entropy on ``(x, y)`` batches (``-clip``:
     ``clip_grad_norm_(clip_norm)`` before each step)."""
     import torch
     import torch.nn.functional as F
@@ -172,6 +174,8 @@ def make_variant(name: str, dims: Sequence[int], warmup: int, async_interval_ms:
     model = make_model(dims, batchnorm="-bn" in name).to(device)
     if name.startswith("qadam"):
         opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=1e-3, warmup_steps=max(1, warmup), eps=qadam_eps)
+    elif name.endswith("-adam"):
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     else:
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     return Variant(name, model, opt, lambda m, batch: F.cross_entropy(m(batch[0]), batch[1]), async_interval_ms, device,

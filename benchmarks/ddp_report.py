@@ -24,9 +24,10 @@ BUFFER_VARIANTS = ("ddp-bn", "ddp-bn-nobuf", "gradient_allreduce-bn", "gradient_
 # qadam (the default overlap="auto") always speculating (overlap=True), with its momentum averaged in
 # step() (overlap=False) instead of during backward, and each
 # with clip_grad_norm_ before every step: what the overlap buys, and what clipping costs it; qadam1:
-# its 1-bit momentum (bits=1), against qadam's 8 bits.
+# its 1-bit momentum (bits=1), against qadam's 8 bits; bytegrad with torch Adam: qadam's optimizer
+# family, against which qadam's step differs by its communication alone.
 QADAM_VARIANTS = ("qadam-overlap", "qadam-nooverlap", "qadam-clip", "qadam-nooverlap-clip", "qadam1",
-                  "qadam1-nooverlap")
+                  "qadam1-nooverlap", "bytegrad-adam")
 NETWORK_VARIANTS = (
     "ddp", "ddp-fp16", "gradient_allreduce", "bytegrad", "decentralized",
     "low_precision_decentralized", "async", "qadam", "onebit_grad",
@@ -51,6 +52,7 @@ LABELS = {
     "qadam-nooverlap-clip": "bagua qadam, overlap=False, clip_grad_norm_(--clip-norm) before each step",
     "qadam1": "bagua qadam, bits=1 (1-bit momentum, error feedback)",
     "qadam1-nooverlap": "bagua qadam, bits=1, overlap=False",
+    "bytegrad-adam": "bagua bytegrad, torch Adam (qadam's optimizer family)",
     "ddp-bn": "torch DDP, BatchNorm, buffers broadcast",
     "ddp-bn-nobuf": "torch DDP, BatchNorm, broadcast_buffers=False",
     "gradient_allreduce-bn": "bagua gradient_allreduce, BatchNorm, buffers broadcast",
@@ -149,7 +151,8 @@ def key_summary(jobs: list[dict[str, Any]], gpu: Optional[dict[str, Any]]) -> tu
             if name != "ddp" and "ddp" in vs:
                 key[f"{j['setting']}_x{j['world']}_ddp_over_{name}"] = vs["ddp"]["epoch_s"] / vs[name]["epoch_s"]
         for a, b, target in (("qadam", "bytegrad", 1.10), ("qadam-overlap", "bytegrad", None),
-                             ("qadam-nooverlap", "bytegrad", None),
+                             ("qadam-nooverlap", "bytegrad", None), ("qadam", "bytegrad-adam", None),
+                             ("bytegrad-adam", "bytegrad", None),
                              ("qadam-clip", "qadam-nooverlap-clip", 1.0), ("qadam1", "qadam", None)):
             if a in vs and b in vs:
                 r = vs[a]["step_s"] / vs[b]["step_s"]
