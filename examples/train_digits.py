@@ -48,7 +48,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--algorithm", choices=ALGORITHMS, default="gradient_allreduce",
                         help="how ranks communicate (default gradient_allreduce: exact, like torch DDP)")
     parser.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), f"bagua-digits-cache-{os.getuid()}"),
-                        help="LMDB cache of the transformed training samples (emptied at start)")
+                        help="LMDB cache of the transformed training samples (rank 0 empties it at start: "
+                             "give each concurrent job its own)")
     parser.add_argument("--no-cache", action="store_true", help="compute every sample every epoch")
     parser.add_argument("--no-fuse", action="store_true", help="keep the optimizer unfused (step() instead of fuse_step())")
     args = parser.parse_args(argv)

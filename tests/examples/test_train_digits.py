@@ -20,8 +20,11 @@ TIMEOUT_S = 180
 FINAL = re.compile(r"final test accuracy: (\d+\.\d+) \(world size (\d+), algorithm (\S+)\)")
 
 
-def _run(*args: str, ranks: int) -> tuple[float, str]:
-    """Run the example (under torchrun when ranks > 1); return its final test accuracy and output."""
+def _run(*args: str, ranks: int, cache_dir: Path) -> tuple[float, str]:
+    """Run the example (under torchrun when ranks > 1) with its own cache (rank 0 empties it at
+    start: a job sharing it would slow this one's cached epochs); return its final test accuracy
+    and output."""
+    args = (*args, "--cache-dir", str(cache_dir))
     if ranks > 1:
         cmd = [str(TORCHRUN), "--standalone", f"--nproc-per-node={ranks}", str(EXAMPLE)]
     else:
@@ -39,13 +42,13 @@ def _run(*args: str, ranks: int) -> tuple[float, str]:
 
 
 @pytest.fixture(scope="module")
-def two_ranks() -> tuple[float, str]:
-    return _run(ranks=2)
+def two_ranks(tmp_path_factory) -> tuple[float, str]:
+    return _run(ranks=2, cache_dir=tmp_path_factory.mktemp("cache"))
 
 
 @pytest.fixture(scope="module")
-def one_rank() -> tuple[float, str]:
-    return _run(ranks=1)
+def one_rank(tmp_path_factory) -> tuple[float, str]:
+    return _run(ranks=1, cache_dir=tmp_path_factory.mktemp("cache"))
 
 
 def test_two_ranks_learn(two_ranks):
@@ -63,8 +66,8 @@ def test_two_ranks_match_single_process(two_ranks, one_rank):
     assert abs(two_ranks[0] - one_rank[0]) <= 0.03, (two_ranks[0], one_rank[0])
 
 
-def test_decentralized_run_learns_and_ends_identical():
-    accuracy, output = _run("--algorithm", "decentralized", ranks=2)
+def test_decentralized_run_learns_and_ends_identical(tmp_path):
+    accuracy, output = _run("--algorithm", "decentralized", ranks=2, cache_dir=tmp_path)
     assert accuracy >= 0.9, output
     assert "averaged once for evaluation" in output
 

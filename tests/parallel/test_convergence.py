@@ -27,9 +27,10 @@ def _example():
     return module
 
 
-def _bagua_run(rank: int, algorithm: str) -> dict:
+def _bagua_run(rank: int, algorithm: str, cache_dir: str) -> dict:
     example = _example()
-    return example.train(example.parse_args(["--epochs", str(EPOCHS), "--algorithm", algorithm]), log=lambda line: None)
+    args = ["--epochs", str(EPOCHS), "--algorithm", algorithm, "--cache-dir", cache_dir]  # the job's own cache:
+    return example.train(example.parse_args(args), log=lambda line: None)  # its rank 0 empties it at start
 
 
 def _torch_ddp_run(rank: int) -> float:
@@ -63,8 +64,8 @@ def torch_ddp_accuracy() -> float:
 @pytest.mark.parametrize(
     "algorithm", ["gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam"]
 )
-def test_algorithm_converges_like_torch_ddp(algorithm, torch_ddp_accuracy):
-    results = run_ranks(_bagua_run, 2, algorithm, timeout=240)
+def test_algorithm_converges_like_torch_ddp(algorithm, torch_ddp_accuracy, tmp_path):
+    results = run_ranks(_bagua_run, 2, algorithm, str(tmp_path / "cache"), timeout=240)
     assert results[0]["identical"] and results[1]["identical"]
     assert results[0]["test_acc"] == results[1]["test_acc"]
     assert torch_ddp_accuracy >= 0.95
