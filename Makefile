@@ -44,7 +44,11 @@ demo: $(VENV)/.installed-examples
 	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 examples/train_digits.py --algorithm $(ALGORITHM)
 	$(PY) examples/train_digits.py --algorithm $(ALGORITHM)
 
+# The project's own modules compiled first: PYTHONDONTWRITEBYTECODE, where it is set (as on the
+# development box), would make each of the suite's hundreds of rank processes compile bagua anew
+# (~1 s each); compileall writes the bytecode regardless, and imports read it.
 test: system-deps $(VENV)/.installed-test
+	$(PY) -m compileall -q bagua kernels lightning_bagua examples benchmarks tests >/dev/null
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
 bench-comm: $(VENV)/.installed-bench
