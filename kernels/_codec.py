@@ -28,7 +28,7 @@ import torch
 
 from .._install import install_hint
 from . import _triton
-from ._triton import device_guard, launches, require_triton
+from ._triton import device_guard, require_triton, row_launches
 
 logger = logging.getLogger(__name__)
 
@@ -69,10 +69,13 @@ class BlockWire:
         codec: the codec's name in messages (``"MinMaxUInt8"``).
         header_floats: float32 header values per block.
         elements_per_byte: elements per code byte (1 or 8); block sizes are multiples of it.
+        rows_per_program: whole blocks per program of the Triton decode kernel (its ``ROWS``),
+            for blocks too small to keep a GPU busy one to a program; 1: a kernel without ``ROWS``.
     """
 
-    def __init__(self, codec: str, header_floats: int, elements_per_byte: int):
+    def __init__(self, codec: str, header_floats: int, elements_per_byte: int, rows_per_program: int = 1):
         self.codec, self.header_floats, self.elements_per_byte = codec, header_floats, elements_per_byte
+        self.rows_per_program = rows_per_program
 
     # --- sizes -------------------------------------------------------------------------------
     def check_block_size(self, block_size: int) -> None:
@@ -233,14 +236,16 @@ class BlockWire:
     def launch_decode(self, kernel, header: torch.Tensor, codes: torch.Tensor, numel: int, block_size: int,
                       out_flat: torch.Tensor) -> None:
         """Run a decode kernel ``kernel(header_ptr, codes_ptr, out_ptr, numel, BLOCK, MASKED,
-        CODES_ALIGN8)``, one program per block: the full blocks unmasked, then the tail masked."""
+        CODES_ALIGN8[, ROWS])``, one program per block (``ROWS`` blocks where ``rows_per_program``
+        is over 1): the full blocks unmasked, then the tail masked."""
         with device_guard(out_flat):
-            for grid, e0, masked in launches(numel, block_size):
+            for grid, e0, masked, rows in row_launches(numel, block_size, self.rows_per_program):
                 b0, c = e0 // block_size, codes[e0 // self.elements_per_byte :]
                 kernel[(grid,)](
                     header[self.header_floats * b0 :], c, out_flat[e0:], numel - e0, BLOCK=block_size, MASKED=masked,
-                    CODES_ALIGN8=aligned8(c, block_size // self.elements_per_byte), num_warps=num_warps(block_size),
-                    enable_fp_fusion=False,
+                    CODES_ALIGN8=aligned8(c, block_size // self.elements_per_byte),
+                    num_warps=num_warps(rows * block_size), enable_fp_fusion=False,
+                    **({"ROWS": rows} if self.rows_per_program > 1 else {}),
                 )  # fmt: skip
 
 

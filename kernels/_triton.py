@@ -80,6 +80,26 @@ def launches(numel: int, block: int) -> Iterator[tuple[int, int, bool]]:
         yield 1, nfull * block, True
 
 
+def row_launches(numel: int, block: int, rows: int) -> Iterator[tuple[int, int, bool, int]]:
+    """(grid, first element, MASKED, ROWS) for kernels whose programs take ``ROWS`` whole blocks:
+    the full blocks ``rows`` to a program, the few left over one to a program, then the partial
+    tail block masked, alone. None of the programs needs a row mask.
+
+    Example::
+
+        list(row_launches(10 * 256 + 5, 256, 4))   # [(2, 0, False, 4), (2, 2048, False, 1), (1, 2560, True, 1)]
+    """
+    for grid, first, masked in launches(numel, block):
+        if masked or rows == 1:
+            yield grid, first, masked, 1
+            continue
+        grouped = grid // rows
+        if grouped:
+            yield grouped, first, False, rows
+        if grid % rows:
+            yield grid % rows, first + grouped * rows * block, False, 1
+
+
 if triton is not None:
 
     @triton.jit

@@ -66,7 +66,12 @@ from ._triton import HAS_TRITON, device_guard, launches, store_rne, tl, triton  
 __all__ = list(_codec.PUBLIC_NAMES)
 
 DEFAULT_BLOCK_SIZE = 256
-WIRE = _codec.BlockWire("Sign1", header_floats=1, elements_per_byte=8)
+# Blocks per program of the Triton decode kernel: one 256-element block is too little work for a
+# program (H200, 64M elements: 42% of copy bandwidth one block to a program, 88% four). The encode
+# kernel keeps one block to a program: its per-row reduction tree over [4, 256] compiled to a
+# kernel five times slower.
+ROWS_PER_PROGRAM = 4
+WIRE = _codec.BlockWire("Sign1", header_floats=1, elements_per_byte=8, rows_per_program=ROWS_PER_PROGRAM)
 
 # decoding table: byte -> its eight elements' signs, +-1.0, bit 0 first
 _SIGNS = torch.tensor([[1.0 if (byte >> j) & 1 else -1.0 for j in range(8)] for byte in range(256)])
@@ -228,22 +233,23 @@ if triton is not None:
 
     @triton.jit
     def _sign1_decode_kernel(
-        scale_ptr, bits_ptr, out_ptr, numel, BLOCK: tl.constexpr, MASKED: tl.constexpr, CODES_ALIGN8: tl.constexpr
+        scale_ptr, bits_ptr, out_ptr, numel, BLOCK: tl.constexpr, MASKED: tl.constexpr, CODES_ALIGN8: tl.constexpr,
+        ROWS: tl.constexpr,
     ):
-        # One program per block: x' = +-scale by each element's bit.
-        pid = tl.program_id(0)
-        offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        boffs = pid.to(tl.int64) * (BLOCK // 8) + tl.arange(0, BLOCK // 8)
+        # ROWS blocks per program (a MASKED launch: one): x' = +-scale by each element's bit.
+        blocks = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # [ROWS]
+        offs = blocks[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]  # [ROWS, BLOCK]
+        boffs = blocks[:, None] * (BLOCK // 8) + tl.arange(0, BLOCK // 8)[None, :]
         bit_ptrs = bits_ptr + boffs
         if CODES_ALIGN8:
-            bit_ptrs = tl.multiple_of(bit_ptrs, 8)
-        scale = tl.load(scale_ptr + pid)
+            bit_ptrs = tl.multiple_of(bit_ptrs, [1, 8])
+        scale = tl.load(scale_ptr + blocks)
         if MASKED:
             packed = tl.load(bit_ptrs, mask=boffs < (numel + 7) // 8, other=0)
         else:
             packed = tl.load(bit_ptrs)
-        bits = (packed.to(tl.int32)[:, None] >> tl.arange(0, 8)[None, :]) & 1
-        y = tl.where(tl.reshape(bits, (BLOCK,)) != 0, scale, -scale)
+        bits = (packed.to(tl.int32)[:, :, None] >> tl.arange(0, 8)[None, None, :]) & 1
+        y = tl.where(tl.reshape(bits, (ROWS, BLOCK)) != 0, scale[:, None], -scale[:, None])
         store_rne(out_ptr + offs, y, offs < numel, MASKED)
 else:  # pragma: no cover - without Triton only the references run
     _sign1_encode_kernel = _sign1_decode_kernel = None
