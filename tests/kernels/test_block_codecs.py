@@ -121,3 +121,15 @@ def test_cuda_kernels_match_reference(codec, dtype):
     x[12345] = float("nan")
     with pytest.raises(ValueError, match=f"block {12345 // codec.DEFAULT_BLOCK_SIZE} "):
         codec.encode(x)
+
+
+@pytest.mark.parametrize("numel, block, rows", [(0, 256, 4), (5, 256, 4), (256, 256, 4), (3 * 256, 256, 4),
+                                                (10 * 256 + 5, 256, 4), (64 * 32, 32, 4), (9 * 32 + 1, 32, 1)])
+def test_row_launches_cover_every_block_once_and_mask_only_the_tail(numel, block, rows):
+    covered = []
+    for grid, first, masked, r in _triton.row_launches(numel, block, rows):
+        assert grid > 0 and first % block == 0 and r in (1, rows) and (not masked or (grid, r) == (1, 1))
+        covered += [(first // block + i, masked) for i in range(grid * r)]
+    blocks = -(-numel // block)
+    assert [b for b, _ in covered] == list(range(blocks))
+    assert [b for b, masked in covered if masked] == ([blocks - 1] if numel % block else [])

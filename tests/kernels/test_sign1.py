@@ -23,7 +23,7 @@ def _data(numel, dtype=torch.float32, seed=0):
 @needs_triton
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("block_size", [32, 256])
-@pytest.mark.parametrize("numel", [1, 7, 9, 255, 256, 257, 700])
+@pytest.mark.parametrize("numel", [1, 7, 9, 255, 256, 257, 700, 2600])  # 2600: grouped, left-over and tail programs
 def test_triton_matches_reference_bit_for_bit(numel, block_size, dtype):
     x = _data(numel, dtype, seed=numel)
     ref = s1.encode_reference(x, block_size)
