@@ -2,10 +2,11 @@
 """Data-parallel training step time: torch DDP vs bagua.DistributedDataParallel, every algorithm.
 
 Every rank builds one copy of the same MLP per variant (same seed, same per-rank data, SGD with
-momentum 0.9, qadam excepted: it needs its QAdamOptimizer; ``-adam`` variants: torch Adam) and times training steps
-(``zero_grad; forward; cross-entropy; backward; step``) of the variants interleaved: each
-repetition runs a block of ``--block`` steps of every variant, the order rotated from one
-repetition to the next (A B C ..., then B C ... A) so that drifts in machine load hit them alike.
+momentum 0.9, qadam excepted: it needs its QAdamOptimizer; ``-adam`` variants: torch Adam) and
+times training steps (``zero_grad; forward; cross-entropy; backward; step``) of the variants
+interleaved: each repetition runs a block of ``--block`` steps of every variant, the order rotated
+from one repetition to the next (A B C ..., then B C ... A) so that drifts in machine load hit them
+alike.
 
 ====================  ========================================================================
 ddp                   ``torch.nn.parallel.DistributedDataParallel`` (bucket_cap_mb=25, default)
@@ -164,8 +165,8 @@ def make_batches(dims: Sequence[int], batch: int, count: int, rank: int, device:
 def make_variant(name: str, dims: Sequence[int], warmup: int, async_interval_ms: int, device: str = "cpu",
                  qadam_eps: float = 1e-8, clip_norm: float = 1.0) -> Variant:
     """One of ddp.py's variants: the MLP (with BatchNorm for ``-bn``), SGD with momentum 0.9 (qadam:
-    ``QAdamOptimizer`` past ``warmup`` steps; ``-adam``: torch Adam), cross-entropy on ``(x, y)`` batches (``-clip``:
-    ``clip_grad_norm_(clip_norm)`` before each step)."""
+    ``QAdamOptimizer`` past ``warmup`` steps; ``-adam``: torch Adam), cross-entropy on ``(x, y)``
+    batches (``-clip``: ``clip_grad_norm_(clip_norm)`` before each step)."""
     import torch
     import torch.nn.functional as F
 

@@ -4,9 +4,12 @@ run under torchrun on CPU ranks and train.
 - mnist: every algorithm, one epoch on 2 ranks; the test accuracy is far above chance.
 - communication_primitives: every primitive against torch.distributed's; 8 ranks, because its
   alltoall_v block is written for 8 (its split lists have 8 entries).
-- synthetic_benchmark: every algorithm (async's ``abort`` ends the script).
-- elastic_training: launched by ``python -m bagua.distributed.run``, every algorithm it offers
-  (all but async); a second run resumes from the checkpoint the first one wrote.
+- synthetic_benchmark: gradient_allreduce, and async (its ``abort`` ends the script). Its other
+  branches build each algorithm exactly as mnist's do, which run every one.
+- elastic_training: launched by ``python -m bagua.distributed.run``, with the algorithms whose
+  checkpoints hold more than weights (decentralized's replicas, qadam's optimizer state), and
+  bytegrad, where a second run resumes from the checkpoint the first one wrote. Its other
+  branches build the algorithms as mnist's do.
 """
 
 from __future__ import annotations
@@ -32,9 +35,6 @@ def _test_accuracy(output: str) -> float:
     return correct / total
 
 
-ALGORITHMS = ["gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam"]
-
-
 @pytest.mark.parametrize("algorithm", [
     ["gradient_allreduce"], ["bytegrad"], ["decentralized"], ["low_precision_decentralized"],
     ["async", "--async-sync-interval", "50"],
@@ -50,16 +50,16 @@ def test_communication_primitives_match_torch_distributed():
     _run(["torch.distributed.run"], "communication_primitives.py", ranks=8)
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_synthetic_benchmark_runs_with_every_algorithm(algorithm):
+@pytest.mark.parametrize("algorithm", ["gradient_allreduce", "async"])
+def test_synthetic_benchmark_runs(algorithm):
     output = _run(["torch.distributed.run"], "synthetic_benchmark.py", "--model", "small_cnn", "--batch-size", "4",
                   "--num-warmup-batches", "2", "--num-batches-per-iter", "2", "--num-iters", "2",
                   "--algorithm", algorithm, "--async-sync-interval", "20")
     assert "Total img/sec on 2 CPU(s)" in output
 
 
-@pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a not in ("async", "bytegrad")])
-def test_elastic_training_trains_with_its_other_algorithms(tmp_path, algorithm):
+@pytest.mark.parametrize("algorithm", ["decentralized", "qadam"])
+def test_elastic_training_trains_and_checkpoints(tmp_path, algorithm):
     # the example offers every algorithm but async; bytegrad is the resume test's below
     lr = ["--lr", "0.003"] if algorithm == "qadam" else []  # its default lr (1.0) is Adadelta's
     output = _run(["bagua.distributed.run"], "elastic_training.py", "--epochs", "1", "--algorithm", algorithm,
