@@ -107,6 +107,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 JSON_TAG = "@@bagua-ddp-bench@@ "  # workers print one line "<tag><json>" per job on rank 0
 DEFAULT_PLOT = HERE / "figures" / "ddp_network.png"
+#: QAdamOptimizer's eps in every qadam variant: with the optimizer's own 1e-8, a short warm-up on
+#: this benchmark's random labels diverges within ~12-24 steps (see RESULTS.md)
+QADAM_EPS = 1e-3
 
 
 
@@ -163,7 +166,7 @@ def make_batches(dims: Sequence[int], batch: int, count: int, rank: int, device:
 
 
 def make_variant(name: str, dims: Sequence[int], warmup: int, async_interval_ms: int, device: str = "cpu",
-                 qadam_eps: float = 1e-8, clip_norm: float = 1.0) -> Variant:
+                 qadam_eps: float = QADAM_EPS, clip_norm: float = 1.0) -> Variant:
     """One of ddp.py's variants: the MLP (with BatchNorm for ``-bn``), SGD with momentum 0.9 (qadam:
     ``QAdamOptimizer`` past ``warmup`` steps; ``-adam``: torch Adam), cross-entropy on ``(x, y)``
     batches (``-clip``: ``clip_grad_norm_(clip_norm)`` before each step)."""
@@ -464,9 +467,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--async-interval-ms", type=int, default=500, help="async sync_interval_ms (default 500, bagua's default)")
     p.add_argument("--tcp-cc", default=None, metavar="NAME",
                    help="network settings only: TCP congestion control inside the ranks' namespaces (e.g. "
-                        "reno); default: the system's (bbr here). See results/ddp.md")
-    p.add_argument("--qadam-eps", type=float, default=1e-3,
-                   help="QAdamOptimizer eps (default 1e-3: with the optimizer's own 1e-8, a 3-step warm-up "
+                        "reno, bbr); default: the harness's (cubic, benchmarks/network). See results/ddp.md")
+    p.add_argument("--qadam-eps", type=float, default=QADAM_EPS,
+                   help=f"QAdamOptimizer eps (default {QADAM_EPS}: with the optimizer's own 1e-8, a 3-step warm-up "
                         "on this benchmark's random labels still diverges within ~12 steps; see RESULTS.md)")
     p.add_argument("--clip-norm", type=float, default=1.0,
                    help="max_norm of clip_grad_norm_ in the qadam-*clip variants (default 1.0)")
