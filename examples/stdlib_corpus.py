@@ -50,15 +50,10 @@ def corpus_files(root: Path | None = None) -> list[str]:
 
 
 def block_spans(data: bytes, context: int, min_bytes: int) -> list[tuple[int, int]]:
-    """(start, end) of each block of ``data``, cut at ``context + 1`` bytes, at least
-    ``min_bytes`` long."""
+    """(start, end) of each block of ``data`` at least ``min_bytes`` long, cut at ``context + 1``
+    bytes (a context shorter than ``min_bytes`` still gets documents: the cut ones)."""
     cuts = [0] + [m.end() for m in _BLOCK_START.finditer(data)] + [len(data)]
-    spans = []
-    for a, b in zip(cuts, cuts[1:]):
-        b = min(b, a + context + 1)
-        if b - a >= min_bytes:
-            spans.append((a, b))
-    return spans
+    return [(a, min(b, a + context + 1)) for a, b in zip(cuts, cuts[1:]) if b - a >= min_bytes]
 
 
 class StdlibDocuments(Dataset):
@@ -72,7 +67,7 @@ class StdlibDocuments(Dataset):
         split: ``"train"`` or ``"val"``.
         context: the model's context; documents are cut at ``context + 1`` bytes.
         val_percent: the share of files in the validation split.
-        min_bytes: shorter blocks are left out.
+        min_bytes: shorter blocks are left out (measured before the cut at ``context + 1``).
         root: the corpus folder (default: this interpreter's standard library).
         max_files: use only this many files, evenly spread over the sorted list (a quick run).
     """

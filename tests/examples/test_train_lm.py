@@ -49,6 +49,8 @@ def test_documents_are_blocks_cut_at_the_context_and_splits_are_disjoint():
     spans = block_spans(data, context=1000, min_bytes=2)
     assert [data[a:b].split(b"\n")[0] for a, b in spans] == [b"import os", b"def f():", b"class A:", b"    def g(self):"]
     assert all(b - a <= 9 for a, b in block_spans(data, context=8, min_bytes=2))
+    # a context shorter than min_bytes cuts the long blocks; the short ones stay out
+    assert [data[a:b] for a, b in block_spans(data, context=4, min_bytes=13)] == [b"def f", b"class", b"    d"]
     train, val = StdlibDocuments("train", context=64, max_files=60), StdlibDocuments("val", context=64, max_files=60)
     assert not set(train.files) & set(val.files)
     assert train.lengths.max() == 65 and train.lengths.min() >= 32
