@@ -38,6 +38,9 @@ from bagua.optim import Lion, fuse_optimizer
 from bagua.optim import fused as fused_mod
 
 
+MIN_TENSORS = 14  # model_like_shapes: one block of 12, the embedding, a vector
+
+
 def model_like_shapes(n_tensors: int, n_elems: int) -> list[tuple[int, ...]]:
     """Transformer-like parameter shapes: blocks of 12 tensors (qkv, proj, 2 MLP matrices, their
     biases, 2 LayerNorms), then an embedding and vectors up to ``n_tensors`` and ~``n_elems``."""
@@ -258,14 +261,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--section", choices=["cpu", "gpu", "all"], default="all")
     parser.add_argument("--reps", type=int, default=7, help="CPU: timed steps per configuration (median)")
-    parser.add_argument("--cpu-tensors", type=int, default=406)
+    parser.add_argument("--cpu-tensors", type=int, default=406, help=f"at least {MIN_TENSORS} (default 406)")
     parser.add_argument("--cpu-elems", type=float, default=9.6e6)
-    parser.add_argument("--gpu-tensors", type=int, default=256)
+    parser.add_argument("--gpu-tensors", type=int, default=256, help=f"at least {MIN_TENSORS} (default 256)")
     parser.add_argument("--gpu-elems", type=float, default=64 * 2**20)
     parser.add_argument("--gpu-dry-run-cpu", action="store_true",
                         help="check the GPU section without a GPU: CPU tensors, Triton interpreter "
                              "(needs TRITON_INTERPRET=1; use tiny --gpu-tensors/--gpu-elems)")  # fmt: skip
     args = parser.parse_args(argv)
+    for flag in ("cpu_tensors", "gpu_tensors"):
+        if getattr(args, flag) < MIN_TENSORS:
+            parser.error(f"--{flag.replace('_', '-')} must be at least {MIN_TENSORS} (one transformer block of 12 "
+                         f"tensors, an embedding and a vector), got {getattr(args, flag)}")
     gpu_ratio = cpu_ratio = None
     if args.section in ("gpu", "all"):
         gpu = gpu_section(args.gpu_tensors, int(args.gpu_elems), args.gpu_dry_run_cpu)
