@@ -226,9 +226,9 @@ def main() -> None:
             for _ in range(args.repeat):  # interleaved, best of each
                 for name, fn in (("raw", raw_lmdb), ("rawb", raw_lmdb_batch), ("item", ours_item), ("batch", ours_batch)):
                     rates[name] = max(rates.get(name, 0.0), best_rate(fn, 1))
-            rows.append((f"(b) raw LMDB get+unpickle", kind, f"{rates['raw']:,.0f}/s", "1.00"))
+            rows.append(("(b) raw LMDB get+unpickle", kind, f"{rates['raw']:,.0f}/s", "1.00"))
             rows.append((f"(b) raw LMDB, {BATCH} per txn, batch kept", kind, f"{rates['rawb']:,.0f}/s", f"{rates['rawb'] / rates['raw']:.2f}"))
-            rows.append((f"(b) CachedDataset lmdb ds[i]", kind, f"{rates['item']:,.0f}/s", f"{rates['item'] / rates['raw']:.2f}"))
+            rows.append(("(b) CachedDataset lmdb ds[i]", kind, f"{rates['item']:,.0f}/s", f"{rates['item'] / rates['raw']:.2f}"))
             rows.append((f"(b) CachedDataset lmdb __getitems__({BATCH})", kind, f"{rates['batch']:,.0f}/s",
                          f"{rates['batch'] / rates['raw']:.2f} ({rates['batch'] / rates['rawb']:.2f} of batched raw)"))
             key[f"lmdb_item_{kind[:3]}"] = rates["item"] / rates["raw"]

@@ -440,7 +440,7 @@ def order_explained(results: dict[str, Any]) -> str:
 
 def results_section(results: dict[str, Any], fit: Optional[dict[str, Any]], figure: str) -> str:
     """The RESULTS.md section: the study, its targets, latency and message counts, the fit, the paper."""
-    slopes, keys = latency_slopes(results), _ordered(results)
+    slopes = latency_slopes(results)
     order = sorted(slopes, key=slopes.get, reverse=True)
     sync = [v for v in order if v != "async"]
     first_ddp = bool(sync) and sync[0] in ("ddp", "gradient_allreduce", "decentralized")
