@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # (--dist loadgroup: a module marked xdist_group runs on one worker, so its module-scoped jobs run once)
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test bench bench-comm gpu-check system-deps clean
+.PHONY: demo test bench bench-comm bench-smoke gpu-check system-deps clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,10 @@ test: system-deps $(VENV)/.installed-test
 
 bench-comm: $(VENV)/.installed-bench
 	$(PY) benchmarks/comm.py
+
+# Every benchmark once at its smallest, in a scratch copy of the tree: stale scripts fail here (~5 min).
+bench-smoke: system-deps $(VENV)/.installed-bench
+	$(PY) benchmarks/smoke.py
 
 # Every benchmark (about an hour on 2 cores; the network parts need root and iproute2).
 bench: system-deps $(VENV)/.installed-bench
