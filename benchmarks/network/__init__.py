@@ -7,6 +7,7 @@
   router namespace (this kernel has no netem)
 - ``probes``: programs run as the ranks to measure the links (TCP throughput, UDP one-way delay)
 - ``shaped_network``: :class:`ShapedNetwork`, which builds it all and runs the ranks
+- ``rank_jobs``: the ranks' processes of one job, started together, watched, stopped, reported
 
 ``benchmarks/netns.py`` is its command line. Needs root and iproute2; standard library only.
 
@@ -19,8 +20,8 @@ Example::
 
 from .delay_line import Delay
 from .namespaces import IFNAME_IN_NS, MAX_RANKS, PREFIX, NetnsError, check_requirements, cleanup_stale
-from .shaped_network import (DEFAULT_MASTER_PORT, DEFAULT_TCP_CC, DEFAULT_TIMEOUT, RankFailedError,
-                             RankTimeoutError, ShapedNetwork)
+from .rank_jobs import RankFailedError, RankJob, RankTimeoutError
+from .shaped_network import DEFAULT_MASTER_PORT, DEFAULT_TCP_CC, DEFAULT_TIMEOUT, ShapedNetwork
 from .shaping import Shaping, format_rate, parse_rate, shaping_for, tcp_buffer_bytes
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "NetnsError",
     "PREFIX",
     "RankFailedError",
+    "RankJob",
     "RankTimeoutError",
     "ShapedNetwork",
     "Shaping",
