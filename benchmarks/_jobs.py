@@ -108,6 +108,16 @@ def import_netns():
     return netns
 
 
+def netns_problem() -> Optional[str]:
+    """Why the network-namespace benchmarks cannot run here (not root, no iproute2...), or None."""
+    netns = import_netns()
+    try:
+        netns.check_requirements()
+    except netns.NetnsError as e:
+        return str(e)
+    return None
+
+
 def save_run(path: str, elapsed: float, failed: Sequence[str], key: dict[str, Any], **results: Any) -> None:
     """Write one run's record (date, argv, time taken, failed jobs, key ratios, ``results``) as JSON.
 

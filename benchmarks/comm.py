@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or by torchrun
-from _jobs import import_netns, quantile, run_job, save_run, tx_bytes_reader  # noqa: E402
+from _jobs import netns_problem, quantile, run_job, save_run, tx_bytes_reader  # noqa: E402
 from comm_report import VARIANT_HELP, VARIANTS, busbw, fmt_size, format_job, key_summary, merge_repeats, plot  # noqa: E402
 
 logger = logging.getLogger("benchmarks.comm")
@@ -252,15 +252,6 @@ def run_worker(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def _netns_problem() -> Optional[str]:
-    netns = import_netns()
-    try:
-        netns.check_requirements()
-    except netns.NetnsError as e:
-        return str(e)
-    return None
-
-
 def _rate_bits(rate: str) -> int:
     sys.path.insert(0, str(HERE))
     try:
@@ -295,7 +286,7 @@ def run_driver(args: argparse.Namespace) -> int:
                *_worker_args(args, "loopback", "loopback", None, sizes)]
         plans.append(("loopback", "loopback", None, world, cmd))
     if args.rates:
-        problem = _netns_problem()
+        problem = netns_problem()
         if problem:
             logger.warning("skipping the bandwidth-capped settings %s: %s", " ".join(args.rates), problem)
         else:

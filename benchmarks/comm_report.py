@@ -106,16 +106,39 @@ def _ratio(job: dict[str, Any], nbytes: int, num: str, den: str, times: Optional
     return None
 
 
+class _Worst:
+    """The worst (lowest) of one key ratio over settings and sizes, with every round's value."""
+
+    def __init__(self, label: str, target: float, digits: int, unit: str = "") -> None:
+        self.label, self.target, self.digits, self.unit = label, target, digits, unit
+        self.value: Optional[float] = None
+        self.where = ""
+        self.rounds: list[float] = []
+
+    def add(self, job: dict[str, Any], nbytes: int, num: str, den: str) -> None:
+        value = _ratio(job, nbytes, num, den)
+        if value is None:
+            return
+        rounds = job.get("rounds", 1)
+        self.rounds += [_ratio(job, nbytes, num, den, times=i) for i in range(rounds)] if rounds > 1 else [value]
+        if self.value is None or value < self.value:
+            self.value, self.where = value, f"{job['setting']} x{job['world']} {fmt_size(nbytes)}"
+
+    def summary(self) -> str:
+        if self.value is None:
+            return f"{self.label}: not measured"
+        d = self.digits
+        ok = "met" if self.value >= self.target else "NOT met"
+        spread = f", all rounds {min(self.rounds):.{d}f}..{max(self.rounds):.{d}f}" if len(self.rounds) > 1 else ""
+        return f"{self.label} worst {self.value:.{d}f}{self.unit} ({self.where}{spread}; target >={self.target:g}{self.unit}: {ok})"
+
+
 def key_summary(merged: list[dict[str, Any]]) -> tuple[list[str], str, dict[str, Any]]:
     """The 16MB+ comparisons (with per-round spread) and the final key line."""
     lines = ["== key comparisons at >= 16MB (bus bandwidth ratios; per-round values in brackets) ==",
              f"{'setting':<22} {'size':>6} {'bagua/torch':>22} {'nocheck/torch':>22} {'uint8/bagua':>22} {'fp16/bagua':>22}"]
-    worst_bt: Optional[float] = None
-    worst_bt_where = ""
-    worst_sp: Optional[float] = None
-    worst_sp_where = ""
-    all_bt: list[float] = []
-    all_sp: list[float] = []
+    bagua_torch = _Worst("bagua/torch busbw >=16MB", 0.95, 3)
+    uint8_speedup = _Worst("100mbit uint8/fp32 bagua speedup >=16MB", 3.0, 2, unit="x")
     for job in merged:
         rounds = job.get("rounds", 1)
         for row in job["results"]:
@@ -132,34 +155,13 @@ def key_summary(merged: list[dict[str, Any]]) -> tuple[list[str], str, dict[str,
                 cells.append(f"{med:.3f}" + (" [" + " ".join(f"{p:.2f}" for p in per) + "]" if per else ""))
             lines.append(f"{job['setting'] + ' x' + str(job['world']):<22} {fmt_size(n):>6} " +
                          " ".join(f"{c:>22}" for c in cells))
-            bt = _ratio(job, n, "bagua", "torch")
-            if bt is not None:
-                all_bt += [_ratio(job, n, "bagua", "torch", times=i) for i in range(rounds)] if rounds > 1 else [bt]
-                if worst_bt is None or bt < worst_bt:
-                    worst_bt, worst_bt_where = bt, f"{job['setting']} x{job['world']} {fmt_size(n)}"
+            bagua_torch.add(job, n, "bagua", "torch")
             if job["link"] == "netns" and job["rate"] == "100mbit":
-                sp = _ratio(job, n, "uint8", "bagua")
-                if sp is not None:
-                    all_sp += [_ratio(job, n, "uint8", "bagua", times=i) for i in range(rounds)] if rounds > 1 else [sp]
-                    if worst_sp is None or sp < worst_sp:
-                        worst_sp, worst_sp_where = sp, f"{job['setting']} x{job['world']} {fmt_size(n)}"
-    parts = []
-    if worst_bt is not None:
-        ok = "met" if worst_bt >= 0.95 else "NOT met"
-        spread = f", all rounds {min(all_bt):.3f}..{max(all_bt):.3f}" if len(all_bt) > 1 else ""
-        parts.append(f"bagua/torch busbw >=16MB worst {worst_bt:.3f} ({worst_bt_where}{spread}; target >=0.95: {ok})")
-    else:
-        parts.append("bagua/torch >=16MB: not measured")
-    if worst_sp is not None:
-        ok = "met" if worst_sp >= 3.0 else "NOT met"
-        spread = f", all rounds {min(all_sp):.2f}..{max(all_sp):.2f}" if len(all_sp) > 1 else ""
-        parts.append(f"100mbit uint8/fp32 bagua speedup >=16MB worst {worst_sp:.2f}x ({worst_sp_where}{spread}; target >=3x: {ok})")
-    else:
-        parts.append("100mbit uint8 speedup: not measured")
-    key = {"bagua_over_torch_worst": worst_bt, "bagua_over_torch_where": worst_bt_where,
-           "bagua_over_torch_all": all_bt, "uint8_speedup_100mbit_worst": worst_sp,
-           "uint8_speedup_100mbit_where": worst_sp_where, "uint8_speedup_100mbit_all": all_sp}
-    return lines, "KEY: " + "; ".join(parts), key
+                uint8_speedup.add(job, n, "uint8", "bagua")
+    key = {"bagua_over_torch_worst": bagua_torch.value, "bagua_over_torch_where": bagua_torch.where,
+           "bagua_over_torch_all": bagua_torch.rounds, "uint8_speedup_100mbit_worst": uint8_speedup.value,
+           "uint8_speedup_100mbit_where": uint8_speedup.where, "uint8_speedup_100mbit_all": uint8_speedup.rounds}
+    return lines, f"KEY: {bagua_torch.summary()}; {uint8_speedup.summary()}", key
 
 
 # --------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _jobs import ROOT, import_netns  # noqa: E402
+from _jobs import ROOT, netns_problem  # noqa: E402
 
 TINY_MLP = "64-64x2-10"
 
@@ -77,16 +77,6 @@ SMOKES = (
     Smoke("tradeoff", "tradeoff.py", ("--quick", "--fresh", "--settings", "bw-100mbit", "--only", "ddp", "bytegrad"),
           netns=True),
 )
-
-
-def netns_problem() -> Optional[str]:
-    """Why the network-namespace benchmarks cannot run here, or None."""
-    netns = import_netns()
-    try:
-        netns.check_requirements()
-    except netns.NetnsError as e:
-        return str(e)
-    return None
 
 
 def scratch_copy(dest: Path) -> None:
