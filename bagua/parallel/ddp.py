@@ -35,6 +35,7 @@ from ..algorithms.tunable import Tunable
 from ..optim.fused import gradient_home
 from . import algorithm_state, bucketing, comm_hook, join as _join, unused_parameters
 from .bucketing import gradient_into
+from .compiled import bucketed_graphs
 from .for_algorithms import ForAlgorithms
 from .autotune import AutotuneConfig, AutotuneResult, Tuner, resolve_autotune
 from .state_sync import BufferBroadcast, broadcast_tensors, check_same_model, sync_optimizer_states
@@ -247,7 +248,8 @@ class DistributedDataParallel(torch.nn.Module):
         stepping = self._forward_begins()
         self._in_forward = True  # the module's own hooks (attach_to_module) stand aside
         try:
-            output = self.module(*args, **kwargs)
+            with bucketed_graphs(self.bucket_size_bytes):
+                output = self.module(*args, **kwargs)
         finally:
             self._in_forward = False
         return self._forward_ends(output) if stepping else output

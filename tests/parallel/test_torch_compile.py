@@ -1,0 +1,162 @@
+"""``torch.compile`` with the wrapper, both ways users write it: ``torch.compile(bagua_ddp)`` and
+``bagua.DistributedDataParallel(torch.compile(model))`` (2 ranks, Gloo, same seeds).
+
+The wrapper's hooks fire on the parameters' gradient accumulation, outside the compiled graph, so
+compiling changes only what the compiler changes. Compiled either way, gradient_allreduce has the
+bits of torch DDP wrapping the compiled model (inductor's fused kernels round differently from
+eager ops, so those are not eager's bits), and the state-dict keys of torch DDP compiled the same
+way; bytegrad and qadam (speculating during backward) compiled through AOTAutograd without
+inductor (``backend="aot_eager"``: eager's arithmetic) keep their eager bits.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import bagua
+from tests.harness import run_ranks
+from tests.parallel.models import flat_params, make_model, make_optimizer, rank_batches
+
+STEPS = 5
+
+
+class _Net(torch.nn.Module):
+    """``make_model``'s MLP as a module of user code: dynamo compiles frames of user code only
+    (``nn.Sequential``'s forward is torch's own, which it runs as it is)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = make_model()
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def _wrap(model, opt, how: str, algorithm):
+    """``how``: "eager", "compile-outside" (compile the wrapper), "compile-inside" (wrap the
+    compiled model) or "aot_eager-outside" (compile the wrapper with that backend); ``algorithm``
+    None: torch DDP."""
+    inner = torch.compile(model) if how == "compile-inside" else model
+    if algorithm is None:
+        ddp = torch.nn.parallel.DistributedDataParallel(inner)
+    else:
+        ddp = bagua.DistributedDataParallel(inner, [opt], algorithm)
+    if how == "compile-outside":
+        return torch.compile(ddp)
+    return torch.compile(ddp, backend="aot_eager") if how == "aot_eager-outside" else ddp
+
+
+def _run(rank: int, how: str, algorithm) -> dict:
+    torch._dynamo.reset()  # compile anew: the same module class would reuse the last run's graphs
+    model = _Net()
+    if algorithm == "qadam":
+        opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=2)
+        algorithm = bagua.algorithms.QAdamAlgorithm(opt, overlap=True)
+    else:
+        opt = make_optimizer("sgd", model.parameters())
+    ddp = _wrap(model, opt, how, algorithm)
+    for x, y in rank_batches(rank, STEPS):
+        opt.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    wrapper = getattr(ddp, "_orig_mod", ddp)
+    speculation = getattr(getattr(wrapper, "impl", None), "speculation", None)
+    return {"params": flat_params(model), "keys": list(ddp.state_dict()),
+            "hits": speculation.stats.hits if speculation is not None else None}
+
+
+def _job(rank: int, runs: list[tuple[str, object]]) -> dict:
+    return {(how, str(algorithm)): _run(rank, how, algorithm) for how, algorithm in runs}
+
+
+def _by_run(results: list[dict]) -> dict:
+    for rank_result in results[1:]:  # every algorithm here keeps the ranks identical
+        for run, got in rank_result.items():
+            assert torch.equal(got["params"], results[0][run]["params"]), f"{run}: the ranks differ"
+    return results[0]
+
+
+@pytest.mark.timeout(240)
+def test_compiled_gradient_allreduce_has_torch_ddps_bits_and_keys():
+    runs = [(how, algorithm) for algorithm in (None, "gradient_allreduce")
+            for how in ("eager", "compile-outside", "compile-inside")]
+    got = _by_run(run_ranks(_job, 2, runs, timeout=200))
+    for how in ("eager", "compile-outside", "compile-inside"):
+        ours, theirs = got[(how, "gradient_allreduce")], got[(how, "None")]
+        assert torch.equal(ours["params"], theirs["params"]), how
+        assert ours["keys"] == theirs["keys"], (how, ours["keys"][:3], theirs["keys"][:3])
+    compiled = got[("compile-inside", "None")]["params"]
+    assert not torch.equal(compiled, got[("eager", "None")]["params"])  # inductor did compile the model
+
+
+class _Wide(torch.nn.Module):
+    """Four 384 x 384 layers (~590 KB each): two 1 MiB buckets."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.first = torch.nn.Linear(12, 384)
+        self.hidden = torch.nn.ModuleList(torch.nn.Linear(384, 384) for _ in range(4))
+        self.last = torch.nn.Linear(384, 3)
+
+    def forward(self, x):
+        x = torch.tanh(self.first(x))
+        for layer in self.hidden:
+            x = torch.tanh(layer(x))
+        return self.last(x)
+
+
+def _compiled_backward_nodes(loss: torch.Tensor) -> int:
+    """How many compiled graphs' backwards the loss's autograd graph holds."""
+    seen, todo, count = set(), [loss.grad_fn], 0
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        count += type(node).__name__ == "CompiledFunctionBackward"
+        todo += [next_node for next_node, _ in node.next_functions]
+    return count
+
+
+def _split_job(rank: int) -> dict:
+    out = {}
+    for wrapper in ("torch", "bagua"):
+        torch._dynamo.reset()  # compile anew: the same module class would reuse the last one's graphs
+        model = _Wide()
+        opt = make_optimizer("sgd", model.parameters())
+        if wrapper == "torch":
+            ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)
+        else:
+            ddp = bagua.DistributedDataParallel(model, [opt], "gradient_allreduce", bucket_size_bytes=1 << 20)
+        compiled, nodes = torch.compile(ddp), []
+        for x, y in rank_batches(rank, 3):
+            opt.zero_grad()
+            loss = F.cross_entropy(compiled(x), y)
+            nodes.append(_compiled_backward_nodes(loss))
+            loss.backward()
+            opt.step()
+        out[wrapper] = {"params": flat_params(model), "nodes": nodes}
+    return out
+
+
+@pytest.mark.timeout(240)
+def test_compiled_backward_is_split_at_the_buckets_as_torch_ddps():
+    """Gradients must arrive bucket by bucket, not all at the end of one compiled backward."""
+    got = run_ranks(_split_job, 2, timeout=200)[0]
+    assert got["bagua"]["nodes"] == got["torch"]["nodes"] and min(got["bagua"]["nodes"]) >= 2, got
+    assert torch.equal(got["bagua"]["params"], got["torch"]["params"])
+
+
+@pytest.mark.timeout(240)
+def test_compiled_bytegrad_and_speculating_qadam_keep_their_eager_bits():
+    runs = [(how, algorithm) for algorithm in ("bytegrad", "qadam") for how in ("eager", "aot_eager-outside")]
+    got = _by_run(run_ranks(_job, 2, runs, timeout=200))
+    for algorithm in ("bytegrad", "qadam"):
+        eager, compiled = got[("eager", algorithm)], got[("aot_eager-outside", algorithm)]
+        assert torch.equal(compiled["params"], eager["params"]), algorithm
+    assert got[("aot_eager-outside", "qadam")]["hits"] == got[("eager", "qadam")]["hits"] == STEPS - 2
