@@ -74,6 +74,8 @@ SMOKES = (
                                       "--check-steps", "1", "--check-rounds", "1", "--mlp", TINY_MLP), netns=True),
     Smoke("time_to_accuracy", "time_to_accuracy.py",
           ("--quick", "--links", "1gbit", "--variants", "torch-ddp", "qadam1"), netns=True),
+    Smoke("compiled_overlap", "compiled_overlap.py", ("--mlp", TINY_MLP, "--rounds", "1", "--reps", "1", "--block", "2",
+                                                      "--warmup", "2"), netns=True),
     Smoke("tradeoff", "tradeoff.py", ("--quick", "--fresh", "--settings", "bw-100mbit", "--only", "ddp", "bytegrad"),
           netns=True),
 )
