@@ -35,7 +35,7 @@ from ..algorithms.tunable import Tunable
 from ..optim.fused import gradient_home
 from . import algorithm_state, bucketing, comm_hook, join as _join, unused_parameters
 from .bucketing import gradient_into
-from .compiled import bucketed_graphs
+from .compiled import bucketed_graphs, eager_frame, run_module
 from .for_algorithms import ForAlgorithms
 from .autotune import AutotuneConfig, AutotuneResult, Tuner, resolve_autotune
 from .state_sync import BufferBroadcast, broadcast_tensors, check_same_model, sync_optimizer_states
@@ -235,9 +235,13 @@ class DistributedDataParallel(torch.nn.Module):
         return list(self._tuner.log) if self._tuner is not None else []
 
     # --- forward ------------------------------------------------------------------------------
+    @eager_frame  # the module's frames compile, in per-bucket graphs
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the module; a training forward (train mode, grad enabled, outside ``no_sync()``)
         begins a step whose backward communicates, an evaluation forward only runs the module.
+        Under ``torch.compile`` (of this wrapper or of the module) the module compiles as under
+        torch DDP, one graph per bucket, and this method's own bookkeeping stays eager
+        (``bagua.parallel.compiled``).
 
         Example::
 
@@ -249,7 +253,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._in_forward = True  # the module's own hooks (attach_to_module) stand aside
         try:
             with bucketed_graphs(self.bucket_size_bytes):
-                output = self.module(*args, **kwargs)
+                output = run_module(self.module, args, kwargs)
         finally:
             self._in_forward = False
         return self._forward_ends(output) if stepping else output

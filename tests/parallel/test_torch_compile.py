@@ -23,8 +23,9 @@ STEPS = 5
 
 
 class _Net(torch.nn.Module):
-    """``make_model``'s MLP as a module of user code: dynamo compiles frames of user code only
-    (``nn.Sequential``'s forward is torch's own, which it runs as it is)."""
+    """``make_model``'s MLP (an ``nn.Sequential``) inside a module of user code: dynamo compiles
+    frames of user code, and leaves torch's own (``nn.Sequential.forward``) alone where it meets
+    them first, as under ``torch.compile(torch_ddp)``."""
 
     def __init__(self):
         super().__init__()
@@ -50,9 +51,9 @@ def _wrap(model, opt, how: str, algorithm):
     return torch.compile(ddp, backend="aot_eager") if how == "aot_eager-outside" else ddp
 
 
-def _run(rank: int, how: str, algorithm) -> dict:
+def _run(rank: int, how: str, algorithm, model_kind: str) -> dict:
     torch._dynamo.reset()  # compile anew: the same module class would reuse the last run's graphs
-    model = _Net()
+    model = _Net() if model_kind == "net" else make_model()
     if algorithm == "qadam":
         opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=2)
         algorithm = bagua.algorithms.QAdamAlgorithm(opt, overlap=True)
@@ -69,8 +70,8 @@ def _run(rank: int, how: str, algorithm) -> dict:
             "hits": speculation.stats.hits if speculation is not None else None}
 
 
-def _job(rank: int, runs: list[tuple[str, object]]) -> dict:
-    return {(how, str(algorithm)): _run(rank, how, algorithm) for how, algorithm in runs}
+def _job(rank: int, runs: list[tuple[str, object, str]]) -> dict:
+    return {(how, str(algorithm), kind): _run(rank, how, algorithm, kind) for how, algorithm, kind in runs}
 
 
 def _by_run(results: list[dict]) -> dict:
@@ -82,15 +83,22 @@ def _by_run(results: list[dict]) -> dict:
 
 @pytest.mark.timeout(240)
 def test_compiled_gradient_allreduce_has_torch_ddps_bits_and_keys():
-    runs = [(how, algorithm) for algorithm in (None, "gradient_allreduce")
+    runs = [(how, algorithm, "net") for algorithm in (None, "gradient_allreduce")
             for how in ("eager", "compile-outside", "compile-inside")]
+    runs += [(how, "gradient_allreduce", "sequential") for how in ("eager", "compile-outside", "compile-inside")]
     got = _by_run(run_ranks(_job, 2, runs, timeout=200))
     for how in ("eager", "compile-outside", "compile-inside"):
-        ours, theirs = got[(how, "gradient_allreduce")], got[(how, "None")]
+        ours, theirs = got[(how, "gradient_allreduce", "net")], got[(how, "None", "net")]
         assert torch.equal(ours["params"], theirs["params"]), how
         assert ours["keys"] == theirs["keys"], (how, ours["keys"][:3], theirs["keys"][:3])
-    compiled = got[("compile-inside", "None")]["params"]
-    assert not torch.equal(compiled, got[("eager", "None")]["params"])  # inductor did compile the model
+    compiled = got[("compile-inside", "None", "net")]["params"]
+    assert not torch.equal(compiled, got[("eager", "None", "net")]["params"])  # inductor did compile the model
+    # a bare nn.Sequential compiles under torch.compile(bagua_ddp) too (the wrapper calls it from a
+    # frame of its own, which dynamo compiles), with the bits of the compiled model
+    sequential = {how: got[(how, "gradient_allreduce", "sequential")]["params"]
+                  for how in ("eager", "compile-outside", "compile-inside")}
+    assert torch.equal(sequential["compile-outside"], sequential["compile-inside"])
+    assert not torch.equal(sequential["compile-outside"], sequential["eager"])
 
 
 class _Wide(torch.nn.Module):
@@ -154,9 +162,9 @@ def test_compiled_backward_is_split_at_the_buckets_as_torch_ddps():
 
 @pytest.mark.timeout(240)
 def test_compiled_bytegrad_and_speculating_qadam_keep_their_eager_bits():
-    runs = [(how, algorithm) for algorithm in ("bytegrad", "qadam") for how in ("eager", "aot_eager-outside")]
+    runs = [(how, algorithm, "net") for algorithm in ("bytegrad", "qadam") for how in ("eager", "aot_eager-outside")]
     got = _by_run(run_ranks(_job, 2, runs, timeout=200))
     for algorithm in ("bytegrad", "qadam"):
-        eager, compiled = got[("eager", algorithm)], got[("aot_eager-outside", algorithm)]
+        eager, compiled = got[("eager", algorithm, "net")], got[("aot_eager-outside", algorithm, "net")]
         assert torch.equal(compiled["params"], eager["params"]), algorithm
-    assert got[("aot_eager-outside", "qadam")]["hits"] == got[("eager", "qadam")]["hits"] == STEPS - 2
+    assert got[("aot_eager-outside", "qadam", "net")]["hits"] == got[("eager", "qadam", "net")]["hits"] == STEPS - 2
