@@ -20,6 +20,14 @@ from tests.harness import run_ranks
 from tests.parallel.models import flat_params, make_model, make_optimizer, rank_batches
 
 STEPS = 5
+#: (how, algorithm, model) of every run of the module's one job (inductor starts once per rank)
+RUNS = ([(how, algorithm, "net") for algorithm in (None, "gradient_allreduce")
+         for how in ("eager", "compile-outside", "compile-inside")]
+        + [(how, "gradient_allreduce", "sequential") for how in ("eager", "compile-outside", "compile-inside")]
+        + [(how, algorithm, "net") for algorithm in ("bytegrad", "qadam") for how in ("eager", "aot_eager-outside")])
+
+# Under xdist (`--dist loadgroup`) one worker runs the module: its module-scoped job runs once, not once per worker.
+pytestmark = pytest.mark.xdist_group("torch_compile")
 
 
 class _Net(torch.nn.Module):
@@ -70,32 +78,32 @@ def _run(rank: int, how: str, algorithm, model_kind: str) -> dict:
             "hits": speculation.stats.hits if speculation is not None else None}
 
 
-def _job(rank: int, runs: list[tuple[str, object, str]]) -> dict:
-    return {(how, str(algorithm), kind): _run(rank, how, algorithm, kind) for how, algorithm, kind in runs}
+def _job(rank: int) -> dict:
+    runs = {(how, str(algorithm), kind): _run(rank, how, algorithm, kind) for how, algorithm, kind in RUNS}
+    return {"runs": runs, "split": _split(rank)}
 
 
-def _by_run(results: list[dict]) -> dict:
+@pytest.fixture(scope="module")
+def got() -> dict:
+    results = run_ranks(_job, 2, timeout=280)
     for rank_result in results[1:]:  # every algorithm here keeps the ranks identical
-        for run, got in rank_result.items():
-            assert torch.equal(got["params"], results[0][run]["params"]), f"{run}: the ranks differ"
+        for run, result in rank_result["runs"].items():
+            assert torch.equal(result["params"], results[0]["runs"][run]["params"]), f"{run}: the ranks differ"
     return results[0]
 
 
-@pytest.mark.timeout(240)
-def test_compiled_gradient_allreduce_has_torch_ddps_bits_and_keys():
-    runs = [(how, algorithm, "net") for algorithm in (None, "gradient_allreduce")
-            for how in ("eager", "compile-outside", "compile-inside")]
-    runs += [(how, "gradient_allreduce", "sequential") for how in ("eager", "compile-outside", "compile-inside")]
-    got = _by_run(run_ranks(_job, 2, runs, timeout=200))
+@pytest.mark.timeout(300)
+def test_compiled_gradient_allreduce_has_torch_ddps_bits_and_keys(got):
+    runs = got["runs"]
     for how in ("eager", "compile-outside", "compile-inside"):
-        ours, theirs = got[(how, "gradient_allreduce", "net")], got[(how, "None", "net")]
+        ours, theirs = runs[(how, "gradient_allreduce", "net")], runs[(how, "None", "net")]
         assert torch.equal(ours["params"], theirs["params"]), how
         assert ours["keys"] == theirs["keys"], (how, ours["keys"][:3], theirs["keys"][:3])
-    compiled = got[("compile-inside", "None", "net")]["params"]
-    assert not torch.equal(compiled, got[("eager", "None", "net")]["params"])  # inductor did compile the model
+    compiled = runs[("compile-inside", "None", "net")]["params"]
+    assert not torch.equal(compiled, runs[("eager", "None", "net")]["params"])  # inductor did compile the model
     # a bare nn.Sequential compiles under torch.compile(bagua_ddp) too (the wrapper calls it from a
     # frame of its own, which dynamo compiles), with the bits of the compiled model
-    sequential = {how: got[(how, "gradient_allreduce", "sequential")]["params"]
+    sequential = {how: runs[(how, "gradient_allreduce", "sequential")]["params"]
                   for how in ("eager", "compile-outside", "compile-inside")}
     assert torch.equal(sequential["compile-outside"], sequential["compile-inside"])
     assert not torch.equal(sequential["compile-outside"], sequential["eager"])
@@ -131,7 +139,7 @@ def _compiled_backward_nodes(loss: torch.Tensor) -> int:
     return count
 
 
-def _split_job(rank: int) -> dict:
+def _split(rank: int) -> dict:
     out = {}
     for wrapper in ("torch", "bagua"):
         torch._dynamo.reset()  # compile anew: the same module class would reuse the last one's graphs
@@ -152,19 +160,18 @@ def _split_job(rank: int) -> dict:
     return out
 
 
-@pytest.mark.timeout(240)
-def test_compiled_backward_is_split_at_the_buckets_as_torch_ddps():
+@pytest.mark.timeout(300)
+def test_compiled_backward_is_split_at_the_buckets_as_torch_ddps(got):
     """Gradients must arrive bucket by bucket, not all at the end of one compiled backward."""
-    got = run_ranks(_split_job, 2, timeout=200)[0]
-    assert got["bagua"]["nodes"] == got["torch"]["nodes"] and min(got["bagua"]["nodes"]) >= 2, got
-    assert torch.equal(got["bagua"]["params"], got["torch"]["params"])
+    split = got["split"]
+    assert split["bagua"]["nodes"] == split["torch"]["nodes"] and min(split["bagua"]["nodes"]) >= 2, split
+    assert torch.equal(split["bagua"]["params"], split["torch"]["params"])
 
 
-@pytest.mark.timeout(240)
-def test_compiled_bytegrad_and_speculating_qadam_keep_their_eager_bits():
-    runs = [(how, algorithm, "net") for algorithm in ("bytegrad", "qadam") for how in ("eager", "aot_eager-outside")]
-    got = _by_run(run_ranks(_job, 2, runs, timeout=200))
+@pytest.mark.timeout(300)
+def test_compiled_bytegrad_and_speculating_qadam_keep_their_eager_bits(got):
+    runs = got["runs"]
     for algorithm in ("bytegrad", "qadam"):
-        eager, compiled = got[("eager", algorithm, "net")], got[("aot_eager-outside", algorithm, "net")]
+        eager, compiled = runs[("eager", algorithm, "net")], runs[("aot_eager-outside", algorithm, "net")]
         assert torch.equal(compiled["params"], eager["params"]), algorithm
-    assert got[("aot_eager-outside", "qadam", "net")]["hits"] == got[("eager", "qadam", "net")]["hits"] == STEPS - 2
+    assert runs[("aot_eager-outside", "qadam", "net")]["hits"] == runs[("eager", "qadam", "net")]["hits"] == STEPS - 2
