@@ -7,8 +7,9 @@ module", and dynamo compiles any frame traced then as one subgraph per bucket of
 ``bucket_bytes_cap`` bytes (the first of 1 MiB), each with its own backward, so gradients arrive
 bucket by bucket as in eager mode. ``DistributedDataParallel.forward`` runs the module inside
 ``bucketed_graphs`` to get the same split, at bagua's bucket size (whose first bucket is 1 MiB as
-well); the wrapper's own frame stays eager (``eager_frame``), so the module's frames are the ones
-compiled whichever way the user composes them.
+well). The wrapper's own frame stays eager (``eager_frame``) and calls the module from a small
+frame of its own (``run_module``), the one dynamo compiles when the user compiles the wrapper; a
+user who compiles the module itself gets the module's frames compiled, split the same way.
 
 Where torch has no such hook, the context does nothing and compiled models still train, only with
 communication after backward. The split is chosen when a frame is compiled: a later
