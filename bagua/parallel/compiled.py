@@ -7,9 +7,10 @@ module", and dynamo compiles any frame traced then as one subgraph per bucket of
 ``bucket_bytes_cap`` bytes (the first of 1 MiB), each with its own backward, so gradients arrive
 bucket by bucket as in eager mode. ``DistributedDataParallel.forward`` runs the module inside
 ``bucketed_graphs`` to get the same split, at bagua's bucket size (whose first bucket is 1 MiB as
-well). The wrapper's own frame stays eager (``eager_frame``) and calls the module from a small
-frame of its own (``run_module``), the one dynamo compiles when the user compiles the wrapper; a
-user who compiles the module itself gets the module's frames compiled, split the same way.
+well). The wrapper's forward is never traced (``eager_frame``), nor is its bookkeeping, with
+everything it calls (``eager``); it calls the module from a small frame of its own
+(``run_module``), the one dynamo compiles when the user compiles the wrapper. A user who compiles
+the module itself gets the module's frames compiled, split the same way.
 
 Where torch has no such hook, the context does nothing and compiled models still train, only with
 communication after backward. The split is chosen when a frame is compiled: a later
@@ -35,27 +36,44 @@ from torch.nn.parallel import DistributedDataParallel as _TorchDDP
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def eager_frame(fn: _F) -> _F:
-    """``fn``'s own frame is never traced by dynamo (the frames it calls still are), as with
-    ``torch.compiler.disable(fn, recursive=False)``; applied at ``fn``'s first call, so importing
-    bagua does not import dynamo (~1.6 s).
-
-    Example::
-
-        @eager_frame
-        def forward(self, x):
-            return self.module(x)        # compiled under torch.compile, forward itself is not
-    """
+def _disabled_at_first_call(fn: _F, recursive: bool) -> _F:
+    """``torch.compiler.disable(fn, recursive=recursive)``, applied at ``fn``'s first call: it
+    imports dynamo, which importing bagua should not (~1.6 s)."""
     disabled = None
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         nonlocal disabled
         if disabled is None:
-            disabled = torch.compiler.disable(fn, recursive=False)
+            disabled = torch.compiler.disable(fn, recursive=recursive)
         return disabled(*args, **kwargs)
 
     return call  # type: ignore[return-value]
+
+
+def eager_frame(fn: _F) -> _F:
+    """``fn``'s own frame is never traced by dynamo; the frames it calls still are.
+
+    Example::
+
+        @eager_frame
+        def forward(self, x):
+            return run_module(self.module, (x,), {})   # compiled under torch.compile, forward is not
+    """
+    return _disabled_at_first_call(fn, recursive=False)
+
+
+def eager(fn: _F) -> _F:
+    """``fn`` and every frame it calls run as written, never traced by dynamo: the wrapper's
+    bookkeeping (steps, algorithm hooks, collectives, buffers), whose tensor work must not become
+    a graph.
+
+    Example::
+
+        @eager
+        def _forward_begins(self) -> bool: ...
+    """
+    return _disabled_at_first_call(fn, recursive=True)
 
 
 def run_module(module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:

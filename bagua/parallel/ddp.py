@@ -35,7 +35,7 @@ from ..algorithms.tunable import Tunable
 from ..optim.fused import gradient_home
 from . import algorithm_state, bucketing, comm_hook, join as _join, unused_parameters
 from .bucketing import gradient_into
-from .compiled import bucketed_graphs, eager_frame, run_module
+from .compiled import bucketed_graphs, eager, eager_frame, run_module
 from .for_algorithms import ForAlgorithms
 from .autotune import AutotuneConfig, AutotuneResult, Tuner, resolve_autotune
 from .state_sync import BufferBroadcast, broadcast_tensors, check_same_model, sync_optimizer_states
@@ -240,7 +240,7 @@ class DistributedDataParallel(torch.nn.Module):
         """Run the module; a training forward (train mode, grad enabled, outside ``no_sync()``)
         begins a step whose backward communicates, an evaluation forward only runs the module.
         Under ``torch.compile`` (of this wrapper or of the module) the module compiles as under
-        torch DDP, one graph per bucket, and this method's own bookkeeping stays eager
+        torch DDP, one graph per bucket, and the wrapper's bookkeeping is never traced
         (``bagua.parallel.compiled``).
 
         Example::
@@ -258,6 +258,7 @@ class DistributedDataParallel(torch.nn.Module):
             self._in_forward = False
         return self._forward_ends(output) if stepping else output
 
+    @eager  # under torch.compile too: algorithm hooks, collectives and the step's state run as written
     def _forward_begins(self) -> bool:
         """Begin a training step if this forward is one; whether it is."""
         if not (self.module.training and torch.is_grad_enabled()):
@@ -268,6 +269,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._begin_step()
         return True
 
+    @eager
     def _forward_ends(self, output: Any) -> Any:
         self._start_buffer_broadcast()  # overlaps with backward
         return self._watch_backward_start(output)
@@ -592,6 +594,7 @@ class DistributedDataParallel(torch.nn.Module):
         return f"bagua.DistributedDataParallel({self.algorithm!r}, {len(self.buckets)} buckets)\n  {self.module!r}"
 
 
+@eager
 def _to_device(tree: Any, device: torch.device) -> Any:
     return tree_map(lambda t: t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t, tree)
 
