@@ -95,7 +95,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or by torchrun
-from _jobs import import_netns, run_job, save_run, tx_bytes_reader  # noqa: E402
+from _jobs import import_netns, netns_problem, run_job, save_run, tx_bytes_reader  # noqa: E402
 from ddp_report import (  # noqa: E402
     ALL_VARIANTS, BUFFER_VARIANTS, LABELS, NETWORK_VARIANTS, QADAM_VARIANTS, format_gpu, format_job, key_summary, plot,
 )
@@ -356,12 +356,7 @@ def run_driver(args: argparse.Namespace) -> int:
         job = run_job(cmd, args.timeout, JSON_TAG, logger)
         (jobs.append(job) if job else failed.append("loopback"))
     if "network" in args.parts and (args.rates or args.per_flow_rates):
-        netns = import_netns()
-        try:
-            netns.check_requirements()
-            problem = None
-        except netns.NetnsError as e:
-            problem = str(e)
+        netns, problem = import_netns(), netns_problem()
         if problem:
             logger.warning("skipping the bandwidth-capped settings %s: %s", " ".join(args.rates), problem)
             failed += [f"{r} (skipped: {problem})" for r in args.rates + args.per_flow_rates]

@@ -40,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script, by torchrun or netns.py
 
-from _jobs import import_netns, run_job, save_run  # noqa: E402
+from _jobs import netns_problem, run_job, save_run  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 TAG = "@@lightning-bench@@ "
@@ -154,11 +154,9 @@ def run_driver(args: argparse.Namespace) -> int:
         if setting == "loopback":
             cmd = [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *worker]
         else:
-            netns = import_netns()
-            try:
-                netns.check_requirements()
-            except netns.NetnsError as error:
-                logger.warning("skipping %s: %s", setting, error)
+            problem = netns_problem()
+            if problem:
+                logger.warning("skipping %s: %s", setting, problem)
                 failed.append(setting)
                 continue
             cmd = [py, str(HERE / "netns.py"), "--ranks", "2", "--rate", setting, "--", py, *worker]

@@ -35,7 +35,7 @@ from typing import Any, Optional, Sequence
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _jobs import import_netns, run_job, save_run  # noqa: E402
+from _jobs import netns_problem, run_job, save_run  # noqa: E402
 from comm import fmt_size, parse_size  # noqa: E402
 
 JSON_TAG = "@@stripes@@ "
@@ -90,13 +90,10 @@ def run_driver(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="stripes-bench: %(levelname)s %(message)s")
     t0 = time.monotonic()
     netted = [s for s in args.settings if SETTINGS[s] is not None]
-    if netted:
-        netns = import_netns()
-        try:
-            netns.check_requirements()
-        except netns.NetnsError as e:
-            logger.warning("skipping %s: %s", " ".join(netted), e)
-            args.settings = [s for s in args.settings if s not in netted]
+    problem = netns_problem() if netted else None
+    if problem:
+        logger.warning("skipping %s: %s", " ".join(netted), problem)
+        args.settings = [s for s in args.settings if s not in netted]
     jobs: list[dict[str, Any]] = []
     failed: list[str] = []
     for repeat in range(args.repeat):
