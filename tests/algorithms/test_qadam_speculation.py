@@ -93,7 +93,9 @@ BETWEEN = {
 
 def _loop(rank: int, overlap, between=None, *, scaler: str = "", accumulate: bool = False,
           fused: bool = False, unused: bool = False, rebucket: bool = False, hierarchical: bool = False,
-          nan: bool = False, autotune=False, bits: int = 8, step_not_taken: bool = False, steps: int = STEPS) -> dict:
+          nan: str = "", autotune=False, bits: int = 8, step_not_taken: bool = False, steps: int = STEPS) -> dict:
+    """``nan``: at the 2nd step after warm-up rank 1's loss (``"loss"``: every gradient) or its
+    first layer's weight gradient (``"first_layer"``: the last bucket only) is NaN."""
     model = _Net(extra_head=unused)  # used by every rank in warm-up, then by rank 0 alone
     opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=WARMUP, weight_decay=0.01)
     if fused:
@@ -103,7 +105,7 @@ def _loop(rank: int, overlap, between=None, *, scaler: str = "", accumulate: boo
                                         autotune=_tuning(autotune, overlap))
     grad_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10) if scaler else None
     g = torch.Generator().manual_seed(rank)
-    extra_grads = []
+    extra_grads, error, moved = [], None, None
     for step in range(steps):
         x = torch.randn(8, 12, generator=g)
         y = x[:, :3].argmax(dim=1)
@@ -115,9 +117,14 @@ def _loop(rank: int, overlap, between=None, *, scaler: str = "", accumulate: boo
         parts = 2 if accumulate else 1  # accumulation without no_sync: each backward synced
         for xs, ys in zip(x.chunk(parts), y.chunk(parts)):
             loss = F.cross_entropy(ddp(xs, extra), ys) / parts
-            if (scaler == "overflow" or nan) and step == WARMUP + 1 and rank == 1:
+            poisoned = step == WARMUP + 1 and rank == 1
+            if (scaler == "overflow" or nan == "loss") and poisoned:
                 loss = loss * float("inf" if scaler else "nan")
+            hook = (model.body[0].weight.register_hook(lambda g: g * float("nan"))
+                    if nan == "first_layer" and poisoned else None)
             (grad_scaler.scale(loss) if grad_scaler else loss).backward()
+            if hook is not None:
+                hook.remove()
         if step >= WARMUP:
             if scaler == "unscale_":
                 grad_scaler.unscale_(opt)
@@ -126,14 +133,17 @@ def _loop(rank: int, overlap, between=None, *, scaler: str = "", accumulate: boo
         extra_grads.append(unused and model.extra.weight.grad is None)
         if step_not_taken and step == WARMUP + 1:
             continue  # a backward whose step the loop does not take: the next forward goes on
+        before = {name: p.detach().clone() for name, p in model.named_parameters()}
         try:
             if grad_scaler is not None:
                 grad_scaler.step(opt)
                 grad_scaler.update()
             else:
                 opt.fuse_step() if fused else opt.step()
-        except ValueError as error:  # a NaN on one rank: every rank raises, and keeps what the step left
-            assert nan and "NaN or Inf" in str(error), error
+        except ValueError as raised:  # a NaN on one rank: every rank raises, and keeps what the step left
+            assert nan and "NaN or Inf" in str(raised), raised
+            error = str(raised)
+            moved = sorted(name for name, p in model.named_parameters() if not torch.equal(p, before[name]))
             break
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
     momentum = torch.cat([opt.state[p]["exp_avg"].reshape(-1) for p in model.parameters()]).clone()
@@ -145,6 +155,7 @@ def _loop(rank: int, overlap, between=None, *, scaler: str = "", accumulate: boo
     trial = ddp.impl.overlap_trial
     ddp.close()
     return dict(params=params, momentum=momentum, stats=stats, extra_grad_none=extra_grads, steps=step + 1,
+                error=error, moved=moved,
                 residuals=residuals, tuned_overlap=tuned, offers_overlap=offers_overlap, copied=copied,
                 trial=None if trial is None else (trial.choice, trial.times))
 
@@ -168,7 +179,8 @@ LOOPS = {
     "rebucketed_mid_run": dict(rebucket=True),
     "autotuned": dict(autotune=True),
     "autotuned_overlap": dict(autotune="overlap"),
-    "nan_on_one_rank_raises": dict(nan=True),
+    "nan_on_one_rank_raises": dict(nan="loss"),
+    "nan_in_the_last_bucket_raises": dict(nan="first_layer"),
     "step_not_taken_once": dict(step_not_taken=True),
 }
 
@@ -198,7 +210,7 @@ def _hierarchical_job(rank: int, bits: int) -> dict:
 ONE_BIT_LOOPS = {name: LOOPS[name] for name in (
     "plain", "clip_binding", "clip_never_binding", "clip_binding_once", "further_backward_under_no_sync",
     "grad_scaler_unscale_", "grad_scaler_skips_a_step", "fused", "rebucketed_mid_run", "autotuned",
-    "nan_on_one_rank_raises")}
+    "nan_on_one_rank_raises", "nan_in_the_last_bucket_raises")}
 
 
 def _one_bit_job(rank: int) -> dict:
@@ -340,6 +352,17 @@ def test_a_nan_on_one_rank_raises_at_the_same_step_everywhere_leaving_the_same_s
     for r in results:  # the momenta as the step left them (updated locally, not averaged): equal above
         assert r["nan_on_one_rank_raises"][True]["steps"] == WARMUP + 2
         assert r["nan_on_one_rank_raises"][True]["stats"].hits == 2  # the NaN step too: its bits did not change
+
+
+def test_a_nan_in_the_last_bucket_only_raises_with_no_parameter_moved(results):
+    # the buckets before it arrived finite, and their momenta are written back, but the step
+    # moves no parameter until every average is known finite: both ways, every rank
+    for r in results:
+        for name in ("nan_in_the_last_bucket_raises", "nan_on_one_rank_raises"):
+            for overlap in (True, False):
+                ran = r[name][overlap]
+                assert ran["steps"] == WARMUP + 2 and ran["moved"] == [], (name, overlap, ran["moved"])
+        assert "body.0.weight" in r["nan_in_the_last_bucket_raises"][True]["error"]  # the bucket is named
 
 
 def test_a_parameter_unused_on_a_rank_keeps_no_gradient_there_either_way(results):
