@@ -120,7 +120,7 @@ def _loop(rank: int, overlap, between=None, *, scaler: str = "", accumulate: boo
             poisoned = step == WARMUP + 1 and rank == 1
             if (scaler == "overflow" or nan == "loss") and poisoned:
                 loss = loss * float("inf" if scaler else "nan")
-            hook = (model.body[0].weight.register_hook(lambda g: g * float("nan"))
+            hook = (model.body[0].weight.register_hook(lambda grad: grad * float("nan"))
                     if nan == "first_layer" and poisoned else None)
             (grad_scaler.scale(loss) if grad_scaler else loss).backward()
             if hook is not None:
@@ -133,7 +133,7 @@ def _loop(rank: int, overlap, between=None, *, scaler: str = "", accumulate: boo
         extra_grads.append(unused and model.extra.weight.grad is None)
         if step_not_taken and step == WARMUP + 1:
             continue  # a backward whose step the loop does not take: the next forward goes on
-        before = {name: p.detach().clone() for name, p in model.named_parameters()}
+        before = {name: p.detach().clone() for name, p in model.named_parameters()} if nan else None
         try:
             if grad_scaler is not None:
                 grad_scaler.step(opt)
