@@ -99,6 +99,7 @@ def _resumed_from(rank: int, writer_bits: int, writer_rank: int) -> dict:
         model, opt, ddp = _trained_qadam(rank, bits)
         if bits == 1 and states:
             ddp.load_algorithm_state_dict(bagua.comm.allgather_object(states["saved"])[writer_rank])
+            states["loaded"] = ddp.algorithm_state_dict()
             for x, y in _batches(rank, 2):  # goes on without a hang: the server residuals are handed over
                 opt.zero_grad()
                 F.cross_entropy(ddp(x), y).backward()
@@ -115,7 +116,18 @@ def test_a_checkpoint_without_this_ranks_residuals_restarts_them_at_zero(writer)
     results = run_ranks(_resumed_from, 2, bits, writer_rank, timeout=120)
     assert torch.equal(results[0]["params"], results[1]["params"])
     for rank, r in enumerate(results):
-        assert r["saved"]["algorithm"] == ({} if bits == 8 else r["saved"]["algorithm"])
+        saved, loaded = r["saved"]["algorithm"], r["loaded"]["algorithm"]
+        if bits == 8:
+            assert saved == {}
+        else:  # this rank's own residuals, not all zero after two 1-bit steps
+            assert saved["rank"] == rank and any(t.any() for t in saved["worker"].values()), saved
+        kept = writer == "rank0" and rank == writer_rank  # its own residuals; another rank's or none restart at zero
+        for side in ("worker", "server"):
+            if kept:
+                assert loaded[side].keys() == saved[side].keys(), side
+                assert all(torch.equal(loaded[side][k], saved[side][k]) for k in saved[side]), side
+            else:
+                assert not any(t.any() for t in loaded[side].values()), (rank, side)
         assert r["after"]["algorithm"]["worker"]  # residuals again after the steps that followed
         warned = any("residuals of rank 0 of 2, this is rank 1 of 2" in m for m in r["records"])
         assert warned == (writer == "rank0" and rank == 1), r["records"]
