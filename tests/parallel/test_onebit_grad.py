@@ -104,13 +104,15 @@ def _foreign_state(rank: int, caplog_level: int) -> dict:
     state = ddp.algorithm_state_dict()
     others = bagua.comm.allgather_object(state)
     ddp.load_algorithm_state_dict(others[0])  # every rank loads rank 0's state (one file for all)
+    loaded = ddp.impl.state_dict()
     for x, y in rank_batches(rank, 2):  # goes on without a hang: the server residuals are handed over
         opt.zero_grad()
         F.cross_entropy(ddp(x), y).backward()
         opt.step()
     residuals = ddp.impl.state_dict()["worker"]
     ddp.close()
-    return {"records": records, "params": flat_params(model), "kept": bool(residuals)}
+    return {"records": records, "params": flat_params(model), "kept": bool(residuals),
+            "saved": state["algorithm"], "loaded": loaded}
 
 
 def test_another_ranks_residuals_restart_at_zero_with_a_warning():
@@ -118,3 +120,9 @@ def test_another_ranks_residuals_restart_at_zero_with_a_warning():
     assert not any("restart at zero" in m for m in results[0]["records"])
     assert any("residuals of rank 0 of 2, this is rank 1 of 2" in m for m in results[1]["records"])
     assert torch.equal(results[0]["params"], results[1]["params"]) and results[1]["kept"]
+    for side in ("worker", "server"):
+        saved, loaded = results[0]["saved"][side], results[0]["loaded"][side]  # rank 0 loaded its own: kept
+        assert any(t.any() for t in saved.values()) and loaded.keys() == saved.keys(), side
+        assert all(torch.equal(loaded[k], saved[k]) for k in saved), side
+        assert any(t.any() for t in results[1]["saved"][side].values()), side  # rank 1 had residuals of its own...
+        assert not any(t.any() for t in results[1]["loaded"][side].values()), side  # ...and restarts at zero
