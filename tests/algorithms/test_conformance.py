@@ -16,9 +16,15 @@ loops; the tests then assert, per cell, the strongest property that holds for th
   the overflowing batch (an overflow restarts error feedback from zero on every rank);
 - qadam_1bit (1-bit momentum with error feedback) likewise, bit-equal between its two ways, and
   under GradScaler to the loop that skips step 2 (a skipped step leaves the residuals as they were);
-- **never larger updates than unclipped** (clipping), **identical across ranks** where the
-  algorithm keeps replicas identical, and **no hang, finite** for async, whose averaging
-  rounds depend on timing.
+- clipping: every step's gradient is clipped (its norm above ``MAX_NORM``), the result differs
+  from the unclipped run's, SGD's first update is the learning rate times the clipped gradient,
+  and no update is larger than unclipped;
+- bf16 autocast around the wrapper's call: **bit-equal to autocast inside the module's forward
+  only** (the wrapper's own work is untouched by the user's autocast);
+- an exception inside backward: **bit-equal to the loop that skips that step** (see
+  ``WITHOUT_BATCH_TWO``);
+- **identical across ranks** where the algorithm keeps replicas identical, and **no hang,
+  finite** for async, whose averaging rounds depend on timing.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ import bagua
 from tests.harness import run_ranks
 
 STEPS = 4
+LR = 0.05  # SGD's, in every row but qadam's
+MAX_NORM = 0.1  # clip_grad_norm_'s: below every step's gradient norm here (0.34 to 0.92)
 ROWS = {
     "gradient_allreduce": lambda opt: "gradient_allreduce",
     "bytegrad": lambda opt: "bytegrad",
@@ -65,6 +73,12 @@ DETERMINISTIC = [name for name in ROWS if name != "async"]
 # replicas differ across ranks by design: a checkpoint holds each rank's own weights, which the
 # wrap-time broadcast would replace by rank 0's (load after wrapping, or wrap with init_sync=False)
 OWN_REPLICAS = ["decentralized", "decentralized_shift_one_2", "low_precision_decentralized", "async"]
+# A step whose backward raised is abandoned: its forward counts as a step (schedules move on), and
+# no optimizer step or end of backward follows: the loop that skips optimizer step 2. Where the end
+# of a backward changes state of its own, the loop without batch 2: decentralized (interval 1: step
+# 2 communicates) would replace the weights by the peers' average, onebit_grad would keep the
+# residuals of that backward's 1-bit allreduce.
+WITHOUT_BATCH_TWO = ["decentralized", "onebit_grad"]
 # replicas identical after every step (gradient averaging; qadam averages the momentum)
 IDENTICAL = ["gradient_allreduce", "bytegrad", "qadam", "qadam_1bit", "onebit_grad", "gradient_allreduce+autotune", "bytegrad+autotune",
              "onebit_grad+autotune"]
@@ -79,18 +93,21 @@ class _Net(torch.nn.Module):
     """A small MLP, optionally with BatchNorm, optionally running a user's collective in forward
     (as logging or Lightning's ``self.log(sync_dist=True)`` do)."""
 
-    def __init__(self, batchnorm: bool = False, user_allreduce: bool = False):
+    def __init__(self, batchnorm: bool = False, user_allreduce: bool = False, autocast: bool = False):
         super().__init__()
         torch.manual_seed(0)
         norm = torch.nn.BatchNorm1d(16) if batchnorm else torch.nn.Identity()
         self.body = torch.nn.Sequential(torch.nn.Linear(12, 16), norm, torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh())
         self.head = torch.nn.Linear(16, 3)
-        self.user_allreduce = user_allreduce
+        self.user_allreduce, self.autocast = user_allreduce, autocast
 
     def forward(self, x):
         if self.user_allreduce:
             seen = torch.tensor([float(x.shape[0])])
             dist.all_reduce(seen)  # the user's own collective, on the default group
+        if self.autocast:  # bf16 inside the module only
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return self.head(self.body(x))
         return self.head(self.body(x))
 
 
@@ -114,7 +131,7 @@ class _Run:
             self.opt = bagua.optim.QAdamOptimizer(self.model.parameters(), lr=0.01,
                                                   warmup_steps=QADAM_WARMUP[_algorithm(row)])
         else:
-            self.opt = torch.optim.SGD(self.model.parameters(), lr=0.05, momentum=0.9)
+            self.opt = torch.optim.SGD(self.model.parameters(), lr=LR, momentum=0.9)
         if fused:
             self.opt = bagua.optim.fuse_optimizer(self.opt)
         self.ddp = self.wrap() if wrap else None
@@ -238,7 +255,8 @@ def _skipping_batch_two(rank, row, fused):
     """The reference of onebit_grad's skipped step: no forward, backward or step on batch 2. An
     overflowing step restarts the error feedback from zero on every rank, as before its first
     1-bit step; the loss scale is a power of two, which scales sign1's blocks and residuals
-    exactly. So the GradScaler loop equals this one bit for bit."""
+    exactly. So the GradScaler loop equals this one bit for bit. Also the reference of a
+    backward that raised, for the rows of ``WITHOUT_BATCH_TWO``."""
     run = _Run(row, fused)
     run.train([batch for step, batch in enumerate(_batches(rank)) if step != 1])
     return run.finish()
@@ -287,16 +305,16 @@ def _backward_raises(rank, row, fused):
 
 def _clip(rank, row, fused, max_norm):
     run = _Run(row, fused)
-    changes = []
+    changes, norms = [], []  # each step's update; each gradient's norm before clipping
     for x, y in _batches(rank):
         before = _params(run.model)
         run.opt.zero_grad()
         F.cross_entropy(run.ddp(x), y).backward()
         if max_norm is not None:
-            torch.nn.utils.clip_grad_norm_(run.model.parameters(), max_norm)
+            norms.append(torch.nn.utils.clip_grad_norm_(run.model.parameters(), max_norm).item())
         run.step()
         changes.append((_params(run.model) - before).norm().item())
-    return run.finish(), changes
+    return run.finish(), changes, norms
 
 
 def _resume(rank, row, fused, load_after_wrap):
@@ -331,12 +349,16 @@ def _roundtrip(obj):
     return torch.load(buffer, weights_only=False)
 
 
-def _bf16(rank, row, fused):
-    run = _Run(row, fused)
+def _bf16(rank, row, fused, in_module=False):
+    """bf16 autocast around the wrapper's call (and the loss), or (``in_module``, the reference)
+    inside the module's forward (and around the loss): the same ops in bf16 either way."""
+    run = _Run(row, fused, model=_Net(autocast=in_module))
     for x, y in _batches(rank):
         run.opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not in_module):
+            out = run.ddp(x)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = F.cross_entropy(run.ddp(x), y)
+            loss = F.cross_entropy(out, y)
         loss.backward()
         run.step()
     return run.finish()
@@ -355,7 +377,7 @@ def _batchnorm(rank, row, fused):
 def _torch_ddp(rank, loop: str):
     """gradient_allreduce's references: the same loops under torch DDP."""
     model = _Net()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=1000)
     for step, (x, y) in enumerate(_batches(rank)):
@@ -369,7 +391,7 @@ def _torch_ddp(rank, loop: str):
             continue
         loss.backward()
         if loop == "clip":
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
         opt.step()
     return _params(model)
 
@@ -385,11 +407,12 @@ def _columns(rank: int, row: str, fused: bool) -> dict:
         "skip_step_two": _skipping_step_two(rank, row, fused),
         "raising_step": _raising_step(rank, row, fused),
         "backward_raises": _backward_raises(rank, row, fused),
-        "clip": _clip(rank, row, fused, 0.1),
+        "clip": _clip(rank, row, fused, MAX_NORM),
         "unclipped": _clip(rank, row, fused, None),
         "resume_before_wrap": _resume(rank, row, fused, False),
         "resume_after_wrap": _resume(rank, row, fused, True),
         "bf16": _bf16(rank, row, fused),
+        "bf16_in_module": _bf16(rank, row, fused, in_module=True),
         "batchnorm": _batchnorm(rank, row, fused),
     }
 
@@ -401,7 +424,7 @@ def _row_job(rank: int, row: str, fused: bool) -> dict:
     big = _Run(row, fused)  # accumulation's reference: one batch of both halves, one step each
     big.train(_batches(rank))
     out["plain_steps"] = big.ddp.step
-    if _algorithm(row) == "onebit_grad":
+    if _algorithm(row) in WITHOUT_BATCH_TWO:
         out["skip_batch_two"] = _skipping_batch_two(rank, row, fused)
     if row in EXACT_QADAM:
         out["speculation"] = big.ddp.impl.speculation.stats
@@ -506,16 +529,25 @@ def test_an_exception_inside_backward_is_recovered_at_the_next_step(row):
     name, _, results = row
     for r in results:
         assert torch.isfinite(r["backward_raises"]).all()
+        if name in DETERMINISTIC:
+            skipped = r["skip_batch_two" if _algorithm(name) in WITHOUT_BATCH_TWO else "skip_step_two"]
+            assert torch.equal(r["backward_raises"], skipped), (name, (r["backward_raises"] - skipped).abs().max())
     if name in IDENTICAL:
         assert torch.equal(results[0]["backward_raises"], results[1]["backward_raises"])
 
 
-def test_clipping_never_makes_updates_larger(row):
+def test_clipping_clips_and_never_makes_updates_larger(row):
     name, _, results = row
     for r in results:
-        params, changes = r["clip"]
-        _, unclipped = r["unclipped"]
+        params, changes, norms = r["clip"]
+        free_params, unclipped, _ = r["unclipped"]
         assert torch.isfinite(params).all()
+        assert min(norms) > 2 * MAX_NORM, norms  # every step clips: ignoring it would change every step
+        if name in DETERMINISTIC:
+            assert not torch.equal(params, free_params), name
+        if _algorithm(name) not in QADAM_WARMUP:  # SGD from identical replicas: lr times the clipped gradient
+            # (Adam's first update is nearly the same whatever the gradient's scale)
+            assert changes[0] <= LR * MAX_NORM * 1.01 < unclipped[0], (name, changes, unclipped)
         for clipped, free in zip(changes, unclipped):
             assert clipped <= free * 1.05 + 1e-7, (name, changes, unclipped)
 
@@ -529,10 +561,13 @@ def test_a_resumed_checkpoint_continues_exactly(row, when):
             assert torch.equal(r[when], r["plain"]), (name, (r[when] - r["plain"]).abs().max())
 
 
-def test_bf16_autocast_trains(row):
+def test_bf16_autocast_trains_as_with_autocast_inside_the_module(row):
     name, _, results = row
     for r in results:
         assert torch.isfinite(r["bf16"]).all()
+        if name in DETERMINISTIC:
+            assert torch.equal(r["bf16"], r["bf16_in_module"]), name
+            assert not torch.equal(r["bf16"], r["plain"]), name  # autocast changed the arithmetic
     if name in IDENTICAL:
         assert torch.equal(results[0]["bf16"], results[1]["bf16"])
 
