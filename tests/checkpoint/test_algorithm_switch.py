@@ -1,11 +1,13 @@
 """A checkpoint saved under one algorithm, loaded under another (2 real ranks): every ordered pair
 of the algorithms that train with the same optimizer, loaded after wrapping (unfused and fused)
 and before wrapping, then trained on. One spawned job runs every pair; the tests check each
-pair's outcome: no error, the new algorithm's invariants, the step count, one warning."""
+pair's outcome: no error, the weights saved (bit for bit), the new algorithm's invariants, the
+step count, one warning."""
 
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 import torch
@@ -20,6 +22,8 @@ pytestmark = pytest.mark.xdist_group("algorithm_switch")
 
 ALGORITHMS = ["gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async"]
 IDENTICAL = {"gradient_allreduce", "bytegrad"}  # replicas identical after every step
+# replicas apart from the first step (async's warm-up starts anew: its own state is not in another's file)
+APART = {"decentralized", "low_precision_decentralized"}
 CASES = [(a, b, fused, when) for fused in (False, True) for a in ALGORITHMS for b in ALGORITHMS if a != b
          for when in (("after_wrap", "before_wrap") if not fused else ("after_wrap",))]
 
@@ -85,6 +89,14 @@ def _switch(rank: int, path: str, a: str, b: str, fused: bool, when: str, record
     return out
 
 
+def _saved_weights(path: str, rank: int) -> torch.Tensor:
+    """The weights this rank's replica went to the file with: its own file where the writer's
+    replicas differed, the one of rank 0 otherwise (read with torch, not ``load_checkpoint``)."""
+    own = f"{path}.rank{rank}"
+    state = torch.load(own if os.path.exists(own) else path, weights_only=False)["model"]
+    return torch.cat([t.reshape(-1) for t in state.values()])
+
+
 def _qadam_refuses_sgd_state(rank: int, path: str) -> str:
     model = make_model(seed=0)
     opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=2)
@@ -138,6 +150,7 @@ def _switch_job(rank: int, directory: str) -> dict:
             _train(ddp, opt, batches)
             save_checkpoint(path, step=3, model=ddp, optimizers=[opt])
             _close(ddp, a)
+            out["saved", a, fused] = _saved_weights(path, rank)
             for b, when in [(b, w) for a_, b, f, w in CASES if a_ == a and f == fused]:
                 out[a, b, fused, when] = _switch(rank, path, a, b, fused, when, records)
     out["qadam"] = _qadam_refuses_sgd_state(rank, f"{directory}/bytegrad-0.pt")
@@ -154,8 +167,13 @@ def switched(tmp_path_factory):
                          ids=[f"{a}-to-{b}-{'fused' if f else 'unfused'}-{w}" for a, b, f, w in CASES])
 def test_a_checkpoint_loads_under_another_algorithm_and_trains_on(switched, a, b, fused, when):
     r0, r1 = (r[a, b, fused, when] for r in switched)
-    for r in (r0, r1):
+    for rank, r in enumerate((r0, r1)):
         assert torch.isfinite(r["params"]).all()
+        # the saved weights, which no rank held before (other seeds): each rank's own where b keeps
+        # replicas apart and loads after wrapping, else rank 0's (b keeps replicas identical now and
+        # starts every rank from rank 0's; wrapping a loaded module broadcasts rank 0's)
+        own = when == "after_wrap" and b in APART
+        assert torch.equal(r["loaded"]["params"], switched[rank if own else 0]["saved", a, fused]), rank
         if when == "after_wrap":  # the step count carries over; one warning names both algorithms
             assert (r["loaded"]["step"], r["step"]) == (3, 6)
             assert len(r["warnings"]) == 1, r["warnings"]
