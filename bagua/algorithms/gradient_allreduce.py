@@ -12,13 +12,14 @@ Example::
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 from ..comm import (
     BaguaProcessGroup, Bucket, ErrorFeedback, Handle, NodeGroups, ReduceOp, allreduce, compressed_allreduce,
     get_default_group, new_node_groups,
 )
 from ..comm.compressed import SEGMENT_ELEMS
+from ..comm.compression import Codec, get_codec
 from ..comm.hierarchical import hierarchical_allreduce
 from ..comm.process_group import get_local_size
 from .base import Algorithm, AlgorithmImpl
@@ -29,7 +30,7 @@ SEGMENT_SIZES = powers_of_two(1 << 16, 1 << 22)
 
 
 def allreduce_bucket(bucket: Bucket, process_group: BaguaProcessGroup, op: ReduceOp,
-                     node_groups: Optional[NodeGroups] = None, compression: Optional[str] = None,
+                     node_groups: Optional[NodeGroups] = None, compression: Optional[Union[str, Codec]] = None,
                      segment_elems: int = SEGMENT_ELEMS, error_feedback: Optional[ErrorFeedback] = None,
                      ) -> Optional[Handle]:
     """Allreduce ``bucket``'s flat buffer now: flat, or hierarchical over ``node_groups``; exact
@@ -61,7 +62,7 @@ def append_gradient_allreduce(
     process_group: BaguaProcessGroup,
     average: bool,
     node_groups: Optional[NodeGroups] = None,
-    compression: Optional[str] = None,
+    compression: Optional[Union[str, Codec]] = None,
     segment_elems: int = SEGMENT_ELEMS,
 ) -> None:
     """Append to ``bucket`` an ``allreduce_bucket`` of its flat buffer, averaged or summed (an
@@ -72,7 +73,7 @@ def append_gradient_allreduce(
         return
     kind = "hierarchical_allreduce" if node_groups is not None else "allreduce"
     bucket.append_op(lambda b: allreduce_bucket(b, process_group, op, node_groups, compression, segment_elems),
-                     f"{kind}[{compression or 'exact'}]")
+                     f"{kind}[{get_codec(compression).name if compression is not None else 'exact'}]")
 
 
 def hierarchical_node_groups(process_group: BaguaProcessGroup) -> NodeGroups:
@@ -95,7 +96,7 @@ class GradientAllReduceImpl(AlgorithmImpl):
     supports_join = True  # a step is the buckets' allreduces: a rank out of data shadows them with zeros
 
     def __init__(self, process_group: BaguaProcessGroup, hierarchical: bool, average: bool,
-                 compression: Optional[str] = None):
+                 compression: Optional[Union[str, Codec]] = None):
         super().__init__(process_group)
         self.node_groups = hierarchical_node_groups(process_group) if hierarchical else None
         self._spare_node_groups = self.node_groups  # kept while the tuner switches hierarchical off
@@ -139,11 +140,9 @@ class GradientAllReduceAlgorithm(Algorithm):
         average: average the gradients (default) or sum them.
     """
 
-    _compression: Optional[str] = None  # a codec name: every byte on the wire encoded
-
     def __init__(self, hierarchical: bool = False, average: bool = True):
         self.hierarchical = bool(hierarchical)
         self.average = bool(average)
 
     def reify(self, process_group: BaguaProcessGroup) -> AlgorithmImpl:
-        return GradientAllReduceImpl(process_group, self.hierarchical, self.average, self._compression)
+        return GradientAllReduceImpl(process_group, self.hierarchical, self.average)
