@@ -62,7 +62,7 @@ from ..comm import (BaguaProcessGroup, Bucket, ErrorFeedback, Handle, ReduceOp, 
 from ..comm.checks import trusted
 from ..comm.compressed import SEGMENT_ELEMS, all_finite, raise_if_nonfinite
 from ..comm.hierarchical import hierarchical_allreduce
-from ..optim.qadam import QAdamOptimizer, decayed_gradient, new_momentum
+from ..optim.qadam import QAdamOptimizer, averaged_gradient, decayed_gradient, new_momentum, update_variance
 from .base import Algorithm, AlgorithmImpl, Carry
 from .gradient_allreduce import SEGMENT_SIZES, append_gradient_allreduce, hierarchical_node_groups
 from .qadam_speculation import OverlapTrial, Speculation
@@ -74,6 +74,26 @@ _WARMUP_STEP = object()  # what a step that averaged no momentum leaves for the 
 
 #: the momentum's codec by ``bits``: 8 bits per value, or the sign and one scale per 256 values
 CODECS = {8: "minmax_uint8", 1: "sign1"}
+#: bits=1 with ``QAdamOptimizer(variance="tracked")``: the steps after warm-up whose momentum goes
+#: 8-bit (no residuals), so that the variance learns the averaged gradient: every 2nd step for
+#: REFRESHES_PER_INTERVAL refreshes, then every 4th, ..., the interval doubling up to MAX_REFRESH_INTERVAL
+REFRESHES_PER_INTERVAL, MAX_REFRESH_INTERVAL = 16, 32
+
+
+def refreshes_variance(step_after_warmup: int) -> bool:
+    """Whether step ``step_after_warmup`` (1 for the first step after warm-up) of a 1-bit qadam
+    with a tracked variance averages its momentum 8-bit, updating the variance (0/1 Adam's
+    schedule of variance updates at intervals that double, here capped).
+
+    Example::
+
+        [s for s in range(1, 40) if refreshes_variance(s)][:3]     # [2, 4, 6]
+    """
+    start, interval = 0, 2
+    while interval < MAX_REFRESH_INTERVAL and step_after_warmup > start + REFRESHES_PER_INTERVAL * interval:
+        start += REFRESHES_PER_INTERVAL * interval
+        interval *= 2
+    return (step_after_warmup - start) % interval == 0
 
 
 class MomentumBucket:
@@ -112,6 +132,10 @@ class MomentumBucket:
         #: the speculation's copies of the gradients, in this bucket's layout (allocated by the first)
         self.grad_copies: Optional[torch.Tensor] = None
         self._finite: Optional[bool] = None  # finite(), once known for the averaged ratios in flat
+        #: whether the average in flight or arrived tells the averaged gradient: ``write_back``
+        #: then updates the variance from it and the momentum before this step (``previous``)
+        self.tracking = False
+        self.previous: Optional[torch.Tensor] = None
 
     def residuals(self, provisional: bool) -> Optional[ErrorFeedback]:
         """The residuals an allreduce of ``flat`` runs on: the kept ones, or (``provisional``, a
@@ -133,9 +157,21 @@ class MomentumBucket:
         for (p, group), view in zip(self.members, self.views):
             torch.div(state[p]["exp_avg"], self.optimizer.denominator(p, group), out=view)
 
-    def launching(self) -> None:
-        """``flat`` is about to be averaged anew: forget whether the last average was finite."""
+    def launching(self, tracking: bool) -> None:
+        """``flat`` is about to be averaged anew: forget whether the last average was finite;
+        ``tracking``: whether this average is fine enough to tell the averaged gradient."""
         self._finite = None
+        self.tracking = tracking
+
+    @torch.no_grad()
+    def remember(self) -> None:
+        """Keep each momentum as the last step left it (the average before this step's), into
+        ``previous``: before the step changes it, for a tracking ``write_back``."""
+        if self.previous is None:
+            self.previous = torch.empty_like(self.flat)
+        state = self.optimizer.state
+        for (p, _), start, view in zip(self.members, self.starts, self.views):
+            self.previous[start:start + view.numel()].view(view.shape).copy_(state[p]["exp_avg"])
 
     def finite(self) -> bool:
         """Whether every averaged ratio is finite (NaN or Inf on any rank makes its block NaN);
@@ -153,10 +189,21 @@ class MomentumBucket:
 
     @torch.no_grad()
     def write_back(self) -> None:
-        """Each momentum from its averaged ratio."""
+        """Each momentum from its averaged ratio; when ``tracking``, each variance updated from
+        the averaged gradient that took the momentum from ``previous`` to there (the same bits on
+        every rank: every rank decoded the same average and kept the same previous one)."""
         state = self.optimizer.state
-        for (p, group), view in zip(self.members, self.views):
-            torch.mul(view, self.optimizer.denominator(p, group), out=state[p]["exp_avg"])
+        if not self.tracking:
+            for (p, group), view in zip(self.members, self.views):
+                torch.mul(view, self.optimizer.denominator(p, group), out=state[p]["exp_avg"])
+            return
+        for (p, group), view in zip(self.members, self.views):  # every denominator before any variance changes
+            view.mul_(self.optimizer.denominator(p, group))
+        for (p, group), start, view in zip(self.members, self.starts, self.views):
+            m = state[p]["exp_avg"]
+            averaged_gradient(view, self.previous[start:start + view.numel()].view(view.shape), group["betas"][0], out=m)
+            update_variance(state[p]["exp_avg_sq"], m, group["betas"][1])
+            m.copy_(view)
 
 
 class QAdamImpl(AlgorithmImpl):
@@ -250,19 +297,32 @@ class QAdamImpl(AlgorithmImpl):
             momentum.fill()
         previous = self._in_flight[0] if self._in_flight is not None else None
         self._finish_in_flight()
-        feedback = momentum.residuals(provisional=ahead)
-        momentum.launching()
+        one_bit = self._one_bit_step(ahead)
+        codec = self.codec if one_bit else CODECS[8]
+        feedback = momentum.residuals(provisional=ahead) if one_bit else None
+        momentum.launching(tracking=self.optimizer.variance == "tracked" and not one_bit)
         if self.node_groups is not None:
-            hierarchical_allreduce(momentum.flat, op=ReduceOp.AVG, compression=self.codec, nonfinite="propagate",
+            hierarchical_allreduce(momentum.flat, op=ReduceOp.AVG, compression=codec, nonfinite="propagate",
                                    groups=self.node_groups, starts=momentum.starts, segment_elems=self.segment_elems,
                                    error_feedback=feedback)
             return
-        handle = compressed_allreduce(momentum.flat, op=ReduceOp.AVG, codec=self.codec, group=self.process_group,
+        handle = compressed_allreduce(momentum.flat, op=ReduceOp.AVG, codec=codec, group=self.process_group,
                                       async_op=True, nonfinite="propagate", starts=momentum.starts,
                                       segment_elems=self.segment_elems, error_feedback=feedback)
         self._in_flight = (momentum, handle)
         if previous is not None:
             previous.finite()  # checked while this bucket's transfer goes on, not at the step
+
+    def _one_bit_step(self, ahead: bool) -> bool:
+        """Whether this step's momentum goes 1-bit with residuals (``bits=1``), not 8-bit: with a
+        tracked variance, every ``refreshes_variance`` step goes 8-bit. ``ahead``: asked before
+        the optimizer counted the step (during backward, at ``begin_step``)."""
+        if self.residuals is None:
+            return False
+        if self.optimizer.variance != "tracked":
+            return True
+        step = self.optimizer.step_count + (1 if ahead else 0)
+        return not refreshes_variance(step - self.optimizer.warmup_steps)
 
     def _finish_in_flight(self) -> None:
         """Finish the momentum allreduce in flight, if any (before the next bucket's launches)."""
@@ -387,6 +447,9 @@ class QAdamImpl(AlgorithmImpl):
 
     # --- MomentumCommunicator (called by QAdamOptimizer.step after warm-up) -----------------------
     def begin_step(self, found_inf: Optional[bool], scaled: bool) -> bool:
+        if self.optimizer.variance == "tracked":  # the momenta before this step's, for the averaged gradients
+            for momentum in self._momentum.values():
+                momentum.remember()
         speculated, probed = self.speculation.active, self.speculation.probing
         skip = bool(found_inf)
         if speculated:  # held: the speculation (or the probe) holds on this rank
@@ -407,7 +470,7 @@ class QAdamImpl(AlgorithmImpl):
         if hit:  # the momenta of the buckets that arrived, while the last one's allreduce finishes
             self._write_back_arrived()
         self._settle()
-        if hit:  # the speculation's residuals become the step's; on a miss they are dropped
+        if hit and self._one_bit_step(ahead=True):  # the speculation's residuals become the step's (a miss drops them)
             for momentum in self._momentum.values():
                 momentum.commit()
         return skip
@@ -429,7 +492,7 @@ class QAdamImpl(AlgorithmImpl):
         return self._averaged and (self._covers_all or id(p) in self._covered)
 
     @torch.no_grad()
-    def average_momentum(self) -> None:
+    def average_momentum(self) -> bool:
         buckets = list(self._momentum.values())
         if not self._averaged:
             with trusted():  # the buckets' layout was checked across ranks when the wrapper built them
@@ -444,6 +507,7 @@ class QAdamImpl(AlgorithmImpl):
                         rest.update_locally()
                 raise_if_nonfinite(f"qadam's momentum allreduce ({momentum.name})", momentum.flat)
             momentum.write_back()
+        return bool(buckets) and all(momentum.tracking for momentum in buckets)
 
 
 @Algorithm.register("qadam")

@@ -115,7 +115,8 @@ class _Inputs:
 
 
 def _settings(group: dict, opt: QAdamOptimizer) -> tuple:
-    return tuple(group["betas"]), group["eps"], group["weight_decay"], opt.warmup_steps
+    return (tuple(group["betas"]), group["eps"], group["weight_decay"], group.get("decoupled_weight_decay", False),
+            opt.warmup_steps)
 
 
 def _same_bits(grad: Optional[torch.Tensor], copy: Optional[torch.Tensor]) -> bool:

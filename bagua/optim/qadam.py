@@ -62,8 +62,10 @@ from typing import Any, Callable, Iterable, Optional, Protocol
 
 import torch
 
-# After warm-up each coordinate's frozen variance is at least this fraction of its tensor's mean.
+# After warm-up each coordinate's variance is at least this fraction of its tensor's mean.
 VARIANCE_FLOOR = 0.01
+#: ``QAdamOptimizer(variance=...)``: how the second moment evolves after warm-up
+VARIANCE_POLICIES = ("tracked", "frozen")
 
 
 class MomentumCommunicator(Protocol):
@@ -84,20 +86,46 @@ class MomentumCommunicator(Protocol):
         """Whether ``p``'s momentum of this step is averaged already (computed during backward
         from the gradient ``p`` has now): the step leaves it to ``average_momentum``."""
 
-    def average_momentum(self) -> None:
-        """Replace every covered parameter's ``exp_avg`` by its average over the ranks, in place."""
+    def average_momentum(self) -> bool:
+        """Replace every covered parameter's ``exp_avg`` by its average over the ranks, in place.
+        With ``variance="tracked"``, also update each covered ``exp_avg_sq`` from the averaged
+        gradient that average implies (``averaged_gradient``: the same bits on every rank), and
+        return whether it did (not on a step whose average is too coarse to tell it: 1-bit)."""
 
 
 def decayed_gradient(p: torch.Tensor, grad: Optional[torch.Tensor], group: dict) -> torch.Tensor:
     """The gradient a step applies to ``p`` whose gradient is ``grad`` (zeros when None): plus the
-    group's L2 weight decay ``wd·p``.
+    group's L2 weight decay ``wd·p`` (unless it is decoupled, AdamW's, which the step applies to
+    ``p`` itself).
 
     Example::
 
         g = decayed_gradient(p, p.grad, opt.param_groups[0])
     """
     g = torch.zeros_like(p) if grad is None else grad
-    return g.add(p, alpha=group["weight_decay"]) if group["weight_decay"] else g
+    coupled = group["weight_decay"] and not group.get("decoupled_weight_decay", False)
+    return g.add(p, alpha=group["weight_decay"]) if coupled else g
+
+
+def update_variance(v: torch.Tensor, g: torch.Tensor, beta2: float) -> None:
+    """``v ← β2·v + (1−β2)·g²`` in place, as ``torch.optim.Adam`` updates its second moment.
+
+    Example::
+
+        update_variance(opt.state[p]["exp_avg_sq"], g, 0.999)
+    """
+    v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+
+
+def averaged_gradient(new: torch.Tensor, old: torch.Tensor, beta1: float, out: torch.Tensor) -> torch.Tensor:
+    """The averaged gradient that turned the averaged momentum ``old`` into ``new``:
+    ``(new − β1·old) / (1 − β1)`` (each rank's momentum was ``β1·old + (1−β1)·g_i``), into ``out``.
+
+    Example::
+
+        averaged_gradient(m_after, m_before, 0.9, out=g)
+    """
+    return torch.sub(new, old, alpha=beta1, out=out).div_(1 - beta1)
 
 
 def new_momentum(m: torch.Tensor, g: torch.Tensor, beta1: float, out: torch.Tensor) -> torch.Tensor:
@@ -118,6 +146,8 @@ class QAdamOptimizer(torch.optim.Optimizer):
     Args:
         params: parameters or param groups.
         lr, betas, eps, weight_decay: as ``torch.optim.Adam``.
+        decoupled_weight_decay: AdamW's weight decay (``x ← x·(1 − lr·wd)`` at each step, outside
+            the momentum, as ``torch.optim.AdamW``) instead of the L2 term in the gradient.
         warmup_steps: steps of plain Adam before the variance freezes (>= 1).
 
     ``step_count`` counts the steps taken (skipped GradScaler steps excluded); ``state_dict()``
@@ -141,7 +171,12 @@ class QAdamOptimizer(torch.optim.Optimizer):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
+        decoupled_weight_decay: bool = False,
+        variance: str = "tracked",
     ):
+        if variance not in VARIANCE_POLICIES:
+            raise ValueError(f"variance must be one of {list(VARIANCE_POLICIES)} ('tracked': updated after warm-up from "
+                             f"the averaged momentum; 'frozen': 1-bit Adam's, fixed at warm-up's end), got {variance!r}")
         if not lr > 0.0:
             raise ValueError(f"lr must be positive, got {lr}")
         if not isinstance(warmup_steps, int) or warmup_steps < 1:
@@ -152,37 +187,45 @@ class QAdamOptimizer(torch.optim.Optimizer):
             raise ValueError(f"eps must be positive, got {eps}")
         if weight_decay < 0.0:
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                      decoupled_weight_decay=bool(decoupled_weight_decay)))
         self.warmup_steps = warmup_steps
-        self._init_runtime(0)
+        self.variance = variance
+        self._init_runtime(0, 0)
         for group in self.param_groups:
             for p in group["params"]:
                 self.state[p]["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 self.state[p]["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
-    def _init_runtime(self, step_count: int) -> None:
+    def _init_runtime(self, step_count: int, variance_updates: int) -> None:
         self.step_count = step_count
+        #: steps whose gradients updated the variance (its bias correction's t): every warm-up step,
+        #: and with ``variance="tracked"`` every step after it whose averaged gradient was known
+        self.variance_updates = variance_updates
         self.momentum_communicator: Optional[MomentumCommunicator] = None
-        # The last warm-up step sets it; the step post hook then floors each tensor's variance. A
-        # hook, because fuse_step runs step() on flat runs spanning many tensors (a per-tensor mean
-        # cannot be taken there) and the hooks around it, on the parameters themselves.
-        self._freeze_pending = False
+        # A step that updated the variance after warm-up, or the last warm-up step, sets it; the
+        # step post hook then floors each tensor's variance. A hook, because fuse_step runs step()
+        # on flat runs spanning many tensors (a per-tensor mean cannot be taken there) and the
+        # hooks around it, on the parameters themselves.
+        self._floor_pending = False
         self._frozen = _FrozenDenominators()
-        self.register_step_post_hook(_freeze_variance)
+        self.register_step_post_hook(_floor_variance)
 
     # --- pickling / checkpoints ---------------------------------------------------------------
     def __getstate__(self) -> dict:
-        return {**super().__getstate__(), "warmup_steps": self.warmup_steps, "step_count": self.step_count}
+        return {**super().__getstate__(), "warmup_steps": self.warmup_steps, "variance": self.variance,
+                "step_count": self.step_count, "variance_updates": self.variance_updates}
 
     def __setstate__(self, state: dict) -> None:
         step_count = state.pop("step_count", None)  # absent when torch's load_state_dict calls us
+        variance_updates = state.pop("variance_updates", None)
         super().__setstate__(state)
         if step_count is not None:  # unpickled (or deep-copied): not attached to any algorithm
-            self._init_runtime(step_count)
+            self._init_runtime(step_count, variance_updates if variance_updates is not None else step_count)
 
     def state_dict(self) -> dict[str, Any]:
-        """torch's optimizer state dict plus ``"step_count"``."""
-        return {**super().state_dict(), "step_count": self.step_count}
+        """torch's optimizer state dict plus ``"step_count"`` and ``"variance_updates"``."""
+        return {**super().state_dict(), "step_count": self.step_count, "variance_updates": self.variance_updates}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load what ``state_dict()`` returned, step count included (so warm-up does not restart).
@@ -193,10 +236,12 @@ class QAdamOptimizer(torch.optim.Optimizer):
                 "QAdamOptimizer.state_dict()); without it warm-up would restart. Save with "
                 "QAdamOptimizer.state_dict(), or add state_dict['step_count'] = <steps taken>."
             )
-        step_count = state_dict["step_count"]
-        super().load_state_dict({k: v for k, v in state_dict.items() if k != "step_count"})
-        self.step_count = int(step_count)
-        self._freeze_pending = False  # a state saved after the last warm-up step is already floored
+        step_count = int(state_dict["step_count"])
+        # a state saved before the variance could be tracked: updated until warm-up's end
+        variance_updates = int(state_dict.get("variance_updates", min(step_count, self.warmup_steps)))
+        super().load_state_dict({k: v for k, v in state_dict.items() if k not in ("step_count", "variance_updates")})
+        self.step_count, self.variance_updates = step_count, variance_updates
+        self._floor_pending = False  # a state saved after a step is already floored
         self._frozen.clear()
 
     # --- the update ---------------------------------------------------------------------------
@@ -206,12 +251,12 @@ class QAdamOptimizer(torch.optim.Optimizer):
         return self.step_count < self.warmup_steps
 
     def denominator(self, p: torch.Tensor, group: dict, t: Optional[int] = None) -> torch.Tensor:
-        """``sqrt(v / (1 - beta2^t)) + eps`` for ``p``; without ``t``, the frozen denominator
-        of every step after warm-up (``t = warmup_steps``, v floored when it froze), computed
-        once and kept (read it, never write it)."""
+        """``sqrt(v / (1 - beta2^t)) + eps`` for ``p``; without ``t``, the denominator of the
+        steps after warm-up (``t = variance_updates``, v floored), computed once per value of v
+        and kept (read it, never write it)."""
         beta2, eps = group["betas"][1], group["eps"]
         if t is None:
-            return self._frozen.get(self.state[p]["exp_avg_sq"], beta2, eps, self.warmup_steps)
+            return self._frozen.get(self.state[p]["exp_avg_sq"], beta2, eps, self.variance_updates)
         return (self.state[p]["exp_avg_sq"] / (1 - beta2 ** t)).sqrt_().add_(eps)
 
     @torch.no_grad()
@@ -252,31 +297,42 @@ class QAdamOptimizer(torch.optim.Optimizer):
             inv_scale = float(grad_scale.double().reciprocal().float())  # as GradScaler.unscale_
             torch._foreach_mul_(grads, inv_scale)
         self.step_count += 1
-        t = self.step_count
+        tracked = self.variance == "tracked"
+        updated = False  # whether this step updated the variance
         for p, group in params:
             if communicator is not None and communicator.averaged_already(p):
                 continue
             g = decayed_gradient(p, p.grad, group)
             new_momentum(self.state[p]["exp_avg"], g, group["betas"][0], out=self.state[p]["exp_avg"])
-            if warmup:
-                beta2 = group["betas"][1]
-                self.state[p]["exp_avg_sq"].mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            if warmup or (tracked and communicator is None):  # alone, a tracked variance is Adam's
+                update_variance(self.state[p]["exp_avg_sq"], g, group["betas"][1])
+                updated = True
         if communicator is not None:
-            communicator.average_momentum()
+            updated = communicator.average_momentum() and tracked
+        self.variance_updates += updated
         for p, group in params:
-            denom = self.denominator(p, group, t if warmup else None)
-            p.addcdiv_(self.state[p]["exp_avg"], denom, value=-group["lr"] / (1 - group["betas"][0] ** t))
-        self._freeze_pending = warmup and t == self.warmup_steps
+            denom = self.denominator(p, group, self.variance_updates if warmup else None)
+            if group["weight_decay"] and group.get("decoupled_weight_decay", False):
+                p.mul_(1 - group["lr"] * group["weight_decay"])  # AdamW's decay, outside the momentum
+            p.addcdiv_(self.state[p]["exp_avg"], denom, value=-group["lr"] / (1 - group["betas"][0] ** self.step_count))
+        self._floor_pending = (warmup and self.step_count == self.warmup_steps) or (updated and not warmup)
         return loss
 
 
 @torch.no_grad()
-def _freeze_variance(optimizer: QAdamOptimizer, args: tuple, kwargs: dict) -> None:
-    """Step post hook: after the last warm-up step, floor each tensor's v once (module docstring)."""
-    if not optimizer._freeze_pending:
+def _floor_variance(optimizer: QAdamOptimizer, args: tuple, kwargs: dict) -> None:
+    """Step post hook: after the last warm-up step, and after each later step that updated the
+    variance, floor each tensor's v (module docstring)."""
+    if not optimizer._floor_pending:
         return
-    optimizer._freeze_pending = False
+    optimizer._floor_pending = False
     variances = [optimizer.state[p]["exp_avg_sq"] for group in optimizer.param_groups for p in group["params"]]
+    if optimizer.step_count > optimizer.warmup_steps:  # floored before: no coordinate without an estimate
+        for v in variances:
+            if v.numel():
+                v.clamp_(min=VARIANCE_FLOOR * float(v.mean()))
+        optimizer._frozen.clear()
+        return
     known = [int(torch.count_nonzero(v)) for v in variances]
     if not any(known):
         raise RuntimeError(
@@ -316,4 +372,5 @@ class _FrozenDenominators:
         self._entries.clear()
 
 
-__all__ = ["MomentumCommunicator", "QAdamOptimizer", "decayed_gradient", "new_momentum"]
+__all__ = ["MomentumCommunicator", "QAdamOptimizer", "averaged_gradient", "decayed_gradient", "new_momentum",
+           "update_variance"]

@@ -93,11 +93,14 @@ BETWEEN = {
 
 def _loop(rank: int, overlap, between=None, *, scaler: str = "", accumulate: bool = False,
           fused: bool = False, unused: bool = False, rebucket: bool = False, hierarchical: bool = False,
-          nan: str = "", autotune=False, bits: int = 8, step_not_taken: bool = False, steps: int = STEPS) -> dict:
+          nan: str = "", autotune=False, bits: int = 8, step_not_taken: bool = False, steps: int = STEPS,
+          variance: str = "tracked") -> dict:
     """``nan``: at the 2nd step after warm-up rank 1's loss (``"loss"``: every gradient) or its
-    first layer's weight gradient (``"first_layer"``: the last bucket only) is NaN."""
+    first layer's weight gradient (``"first_layer"``: the last bucket only) is NaN. With bits=1
+    and a tracked variance, that step's momentum goes 8-bit (``refreshes_variance``)."""
     model = _Net(extra_head=unused)  # used by every rank in warm-up, then by rank 0 alone
-    opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=WARMUP, weight_decay=0.01)
+    opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=0.01, warmup_steps=WARMUP, weight_decay=0.01,
+                                     variance=variance)
     if fused:
         opt = bagua.optim.fuse_optimizer(opt)
     algorithm = bagua.algorithms.QAdamAlgorithm(opt, overlap=overlap, hierarchical=hierarchical, bits=bits)
@@ -211,6 +214,8 @@ ONE_BIT_LOOPS = {name: LOOPS[name] for name in (
     "plain", "clip_binding", "clip_never_binding", "clip_binding_once", "further_backward_under_no_sync",
     "grad_scaler_unscale_", "grad_scaler_skips_a_step", "fused", "rebucketed_mid_run", "autotuned",
     "nan_on_one_rank_raises", "nan_in_the_last_bucket_raises")}
+# the NaN on a 1-bit step (the frozen variance's steps are all 1-bit after warm-up)
+ONE_BIT_LOOPS["nan_on_a_one_bit_step_raises"] = dict(nan="loss", variance="frozen")
 
 
 def _one_bit_job(rank: int) -> dict:
@@ -418,8 +423,11 @@ def test_one_bit_residuals_never_absorb_a_nonfinite_value(one_bit):
         assert run["steps"] == STEPS and torch.isfinite(run["params"]).all()
         assert run["residuals"]["worker"] and all(torch.isfinite(t).all() for side in ("worker", "server")
                                                   for t in run["residuals"][side].values())
-        raised = r["nan_on_one_rank_raises"][True]  # every gradient NaN: every bucket's residuals restart at zero
+        raised = r["nan_on_a_one_bit_step_raises"][True]  # every gradient NaN: every bucket's residuals restart at zero
         assert raised["steps"] == WARMUP + 2 and raised["residuals"]["worker"] == {}
+        refresh = r["nan_on_one_rank_raises"][True]  # an 8-bit step, no residuals in it: they stay as they were
+        assert refresh["steps"] == WARMUP + 2 and refresh["residuals"]["worker"]
+        assert all(torch.isfinite(t).all() for t in refresh["residuals"]["worker"].values())
 
 
 def test_one_bit_layout_of_buckets_and_fusing_change_no_bit(one_bit):

@@ -471,10 +471,14 @@ def test_qadam_optimizer_state_dict_keeps_the_step_count_and_refuses_one_without
         F.cross_entropy(model(x), y).backward()
         opt.step()
     state = opt.state_dict()
-    assert state["step_count"] == WARMUP + 1 and set(state) == {"state", "param_groups", "step_count"}
+    assert state["step_count"] == WARMUP + 1 and set(state) == {"state", "param_groups", "step_count", "variance_updates"}
+    assert state["variance_updates"] == WARMUP + 1  # alone, a tracked variance is updated at every step
     fresh = _qadam(make_model())
     fresh.load_state_dict(state)
-    assert fresh.step_count == WARMUP + 1 and not fresh.in_warmup
+    assert fresh.step_count == fresh.variance_updates == WARMUP + 1 and not fresh.in_warmup
+    del state["variance_updates"]  # saved before the variance was tracked: it froze at warm-up's end
+    fresh.load_state_dict(state)
+    assert fresh.variance_updates == WARMUP
     del state["step_count"]
     try:
         fresh.load_state_dict(state)
