@@ -1,28 +1,45 @@
-"""Time to accuracy: every algorithm against torch DDP on a real workload, ranks as machines.
+"""Time to accuracy: every algorithm against torch DDP on a run that looks like training.
 
-The workload is ``examples/train_lm.py``: a GPT-2-architecture byte-level language model on the
-Python standard library's source, AdamW (qadam: its own ``QAdamOptimizer``) with the same peak
-learning rate 1e-3, warm-up and cosine schedule, seeds, data order (the load-balanced batch
-sampler) for every variant. 4 ranks, each in its own network namespace (``benchmarks/netns.py``),
-on each link of ``--links`` (default 1 Gbit/s, then 100 Mbit/s).
+The workload is ``examples/train_lm.py``: a GPT-2-architecture byte-level language model (0.84M
+parameters: 4 layers x 128, context 128) on the Python standard library's source, 8 documents of
+at most 129 bytes per rank and step (~1,000 tokens per rank and step, as a per-GPU batch of real
+pre-training has thousands), the load-balanced batch sampler, AdamW (betas 0.9/0.95, decoupled weight
+decay 0.01; qadam: ``QAdamOptimizer`` with the same), peak learning rate ``--lr`` after 50 warm-up
+steps, the same seeds and data order for every variant. As torchtitan checks that a technique
+converges (its docs/converging.md): a trusted control job (torch DDP), the same data and batch per
+rank, loss curves over the whole run.
 
-The target is the validation loss torch DDP reaches after its steps (200; the others train 1.3x
-as many on the same schedule, which ends its decay at DDP's last step, to show whether and when
-they reach it; a loss within 1e-4 relative of the target counts as reaching it). A deterministic
-algorithm's loss after k steps does not depend on the link, so its curve is trained once, on the
-first link, and on the other links only its step time is measured (``--timing-steps``, median,
-data loading included, evaluation excluded): its time to the target there is its steps to the
-target times that step time. ``async`` averages in the background on a clock, so it trains in
-full on every link. Per variant and link: steps to the target, training time to the target,
-validation loss after ``--steps`` and at DDP's training time.
+Two measurements (``--measure``):
 
-    python benchmarks/time_to_accuracy.py              # about 20 minutes on 2 cores (root, iproute2)
-    python benchmarks/time_to_accuracy.py --quick      # a few minutes: a tiny model, 60 steps
+* ``decay`` (default): 4 ranks, each in its own network namespace (``benchmarks/netns.py``), a
+  cosine decay to a tenth of the peak at DDP's last step (``--steps``), DDP's validation loss flat
+  by then (the report prints how much its last 20% of steps gained); the others train 1.5x as
+  many steps on the same schedule (a tenth of the peak after DDP's last step).
+* ``constant``: 2 ranks, the peak rate throughout after warm-up (a run stopped early, or a schedule
+  that never decays to zero, must not carry a hidden loss), on the first link only.
 
-Writes ``benchmarks/results/time_to_accuracy.json`` and the plot
-``benchmarks/figures/time_to_accuracy.png`` (validation loss against training time, one panel
-per link). The last line printed is the key ratio: at the slowest link, DDP's time to its own
-target over the fastest bagua algorithm's.
+The target is the validation loss torch DDP reaches at its last step; a loss within 1e-4 relative
+of it counts as reaching it. A deterministic algorithm's loss after k steps does not depend on the
+link, so its curve is trained once, every rank on this machine's loopback (the fastest link, and a
+job that may share the cores with others: no time is read from it), and on each link only its
+step time is measured (20 steps after any first phase, median, data loading included, evaluation
+excluded, in a job of its own): its time to the target there is the sum of those step times up to
+its steps to the target. ``async`` averages in the background on a clock, so it trains in full on
+every link. Per variant and link: steps to the target ("not in 1.5x" beyond), the final loss, the
+bytes sent per step, and the training time to the target.
+
+A variant is an algorithm of ``train_lm.py`` with options: ``qadam``, ``"qadam[variance=frozen]"``,
+``"bytegrad[block_size=256,error_feedback=True]"`` (``train_lm.py --option``), so an experiment
+that isolates a cause runs through the same script.
+
+    python benchmarks/time_to_accuracy.py                      # the decay run (root, iproute2)
+    python benchmarks/time_to_accuracy.py --measure constant   # the constant-rate run
+    python benchmarks/time_to_accuracy.py --quick              # a few minutes: a tiny model, 60 steps
+
+Writes ``benchmarks/results/time_to_accuracy[_constant|_quick].json`` and the plot
+``benchmarks/figures/time_to_accuracy[...].png`` (validation loss against training time, one panel
+per link, and against steps). The last line printed is the key ratio: at the last link, DDP's
+time to its own target over the fastest bagua algorithm's.
 """
 
 from __future__ import annotations
@@ -30,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import statistics
 import sys
 import time
@@ -45,23 +63,39 @@ from benchmarks._jobs import import_netns, run_job  # noqa: E402
 logger = logging.getLogger("time_to_accuracy")
 JSON_TAG = "@@tta@@ "
 BASELINE = "torch-ddp"
-VARIANTS = [BASELINE, "gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam",
-            "qadam1", "onebit_grad"]  # qadam1: qadam with a 1-bit momentum (bits=1)
+VARIANTS = [BASELINE, "torch-ddp-fp16", "gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized",
+            "async", "qadam", "qadam1", "onebit_grad"]  # qadam1: qadam with a 1-bit momentum (bits=1)
 TIMED_ON_EVERY_LINK = {"async"}  # results depend on timing: trained in full on every link
-LONGER = 1.3  # the other variants train this many times DDP's steps: the issue's bound for "reaches the target"
+LONGER = 1.5  # the other variants train this many times DDP's steps: "reaches the target" within 1.5x
 # steps of a first phase that runs otherwise (qadam's and onebit_grad's fp32 warm-up: train_lm's
 # --warmup-steps): a timed run covers them, then timing steps of the steady phase
 PHASE_STEPS = {"qadam": 50, "qadam1": 50, "onebit_grad": 50}
+CURVES = "loopback"  # the curves' job: every rank on this machine's loopback, the fastest link there is
 TIE = 1e-4  # a loss within this relative distance of the target reaches it (exact algorithms differ in last bits on 4 ranks)
-# model and run sizes: (flags for train_lm.py, steps, eval every, timing steps)
-SIZES = {
-    # 3.2M parameters (13 MB of fp32 gradients) over short documents: communication-heavy enough
-    # that the link matters, small enough that 4 ranks on 2 cores train all variants in ~20 min
-    "full": (["--layers", "4", "--width", "256", "--heads", "4", "--context", "64", "--batch-size", "4",
-              "--val-docs", "256"], 200, 25, 20),
+LM = ["--layers", "4", "--width", "128", "--heads", "4", "--context", "128", "--batch-size", "8", "--val-docs", "512"]
+# each run: (flags for train_lm.py, ranks, steps, eval every, timing steps)
+RUNS = {
+    # 0.84M parameters (3.4 MB of fp32 gradients) and ~1K tokens per rank and step: 4 ranks on 2
+    # cores train every variant within the benchmark's time; communication still matters at 100 Mbit/s
+    "decay": ([*LM, "--lr-schedule", "cosine"], 4, 1000, 25, 20),
+    "constant": ([*LM, "--lr-schedule", "constant"], 2, 1200, 50, 20),
     "quick": (["--layers", "2", "--width", "64", "--heads", "2", "--context", "64", "--batch-size", "4",
-               "--val-docs", "64", "--max-files", "150"], 60, 20, 8),
+               "--val-docs", "64", "--max-files", "150"], 4, 60, 20, 8),
 }  # fmt: skip
+_SPEC = re.compile(r"^([a-z0-9_-]+)(?:\[(.*)\])?$")
+
+
+def parse_variant(spec: str) -> tuple[str, list[str]]:
+    """``"qadam[variance=frozen,bits=1]"`` -> ``("qadam", ["variance=frozen", "bits=1"])``."""
+    match = _SPEC.match(spec.strip())
+    if match is None or match.group(1) not in VARIANTS:
+        raise ValueError(f"a variant is one of {VARIANTS}, optionally with options in brackets "
+                         f"(e.g. 'qadam[variance=frozen]'), got {spec!r}")
+    options = [o.strip() for o in (match.group(2) or "").split(",") if o.strip()]
+    bad = [o for o in options if "=" not in o]
+    if bad:
+        raise ValueError(f"variant {spec!r}: options are KEY=VALUE, got {bad}")
+    return match.group(1), options
 
 
 # ---- worker: one job of 4 ranks on one link ----------------------------------------------------
@@ -75,17 +109,24 @@ def run_worker(args: argparse.Namespace) -> int:
     bagua.init_process_group()
     torch.set_num_threads(1)
     rank = bagua.get_rank()
-    flags, steps, eval_every, _ = SIZES[args.size]
+    flags, _, steps, eval_every, _ = RUNS[args.run]
+    flags = [*flags, "--lr", str(args.lr)]
     _warm_cache(train_lm, flags, args.cache_dir, rank)
     results = {}
-    for name, n_steps in zip(args.variants, args.steps):
-        lm_args = train_lm.parse_args([*flags, "--algorithm", name, "--steps", str(n_steps), "--schedule-steps", str(steps),
+    for spec, n_steps in zip(args.variants, args.steps):
+        name, options = parse_variant(spec)
+        lm_args = train_lm.parse_args([*flags, "--algorithm", name, *(f"--option={o}" for o in options),
+                                       "--steps", str(n_steps), "--schedule-steps", str(steps),
                                        "--eval-every", str(min(eval_every, n_steps)), "--no-progress",
                                        "--cache-dir", args.cache_dir, "--out-dir", args.cache_dir])  # fmt: skip
         t0 = time.monotonic()
-        log = (lambda line: print(f"[{args.link} {name}] {line}", flush=True)) if rank == 0 else (lambda line: None)
+        log = (lambda line: print(f"[{args.link} {spec}] {line}", flush=True)) if rank == 0 else (lambda line: None)
         result = train_lm.train(lm_args, log)
-        results[name] = {k: result[k] for k in ("curve", "final_val_loss", "wall_s", "step_times", "parameters")}
+        results[spec] = {k: result[k] for k in ("curve", "final_val_loss", "wall_s", "step_times", "parameters",
+                                                "bytes_per_step")}
+        if name.startswith(BASELINE):  # torch DDP's ring allreduce of every gradient (fp32, or fp16 with the hook)
+            world = bagua.get_world_size()
+            results[spec]["bytes_per_step"] = 2 * (world - 1) / world * result["parameters"] * (2 if "fp16" in name else 4)
         log(f"done in {time.monotonic() - t0:.0f} s")
     if rank == 0:
         print(JSON_TAG + json.dumps({"link": args.link, "results": results}), flush=True)
@@ -138,49 +179,63 @@ def _timed_curve(curve: list, step_times: list[float], steady: float, warmup: in
     return [(st, ends[st], tok, tr, val) for st, _, tok, tr, val in curve]
 
 
+def flattening(curve: list) -> float:
+    """How much the loss fell over the last 20% of the curve's steps, relative to where it stood."""
+    last = curve[-1][0]
+    before = [val for st, _, _, _, val in curve if st <= 0.8 * last]
+    return (before[-1] - curve[-1][4]) / before[-1]
+
+
 def analyse(jobs: dict[str, dict], links: list[str], steps: int, warmup: int, timing: int) -> dict[str, Any]:
-    """Per link and variant: the curve in training seconds and the time-to-target figures."""
-    curve_link = links[0]
-    base = jobs[curve_link][BASELINE]
+    """Per link (the curves' own, ``CURVES``, first) and variant: the curve in training seconds
+    and the time-to-target figures."""
+    base = jobs[CURVES][BASELINE]
     target = base["curve"][-1][4]
     table: dict[str, dict[str, dict]] = {}
-    for link in links:
+    for link in [CURVES, *links]:
         table[link] = {}
-        for name, own in jobs[link].items():
-            trained = own if (link == curve_link or name in TIMED_ON_EVERY_LINK) else jobs[curve_link][name]
+        for spec, own in jobs[link].items():
+            trained = own if (link == CURVES or parse_variant(spec)[0] in TIMED_ON_EVERY_LINK) else jobs[CURVES][spec]
             step_s = statistics.median(own["step_times"][-timing:] if trained is not own else own["step_times"][warmup:])
             curve = trained["curve"] if trained is own else _timed_curve(trained["curve"], own["step_times"], step_s, warmup)
-            table[link][name] = {"curve": curve, "step_s": step_s, "val_at_steps": loss_at_step(curve, steps),
-                                 "reached": first_reaching(curve, target), "timed_only": trained is not own}  # fmt: skip
+            table[link][spec] = {"curve": curve, "step_s": step_s, "val_at_steps": loss_at_step(curve, steps),
+                                 "final": curve[-1][4], "reached": first_reaching(curve, target),
+                                 "timed_only": trained is not own, "bytes_per_step": trained.get("bytes_per_step")}  # fmt: skip
         ddp_time = table[link][BASELINE]["curve"][-1][1]
         for row in table[link].values():
             row["val_at_ddp_time"] = loss_at_time(row["curve"], ddp_time)
-    return {"target": target, "steps": steps, "curve_link": curve_link, "table": table}
+    return {"target": target, "steps": steps, "curve_link": CURVES, "table": table,
+            "ddp_last_20pct_gain": flattening(base["curve"])}
 
 
 def report(result: dict[str, Any]) -> float:
     target, steps = result["target"], result["steps"]
     print(f"\ntarget: torch DDP's validation loss after {steps} steps = {target:.4f} nats/byte "
-          f"(curves trained on {result['curve_link']}; deterministic variants timed on the other links)")
+          f"(its last 20% of steps gained {result['ddp_last_20pct_gain']:.2%}; curves trained on {result['curve_link']}, "
+          f"deterministic variants timed on the other links)")
     key = float("nan")
+    longest = max(row["curve"][-1][0] for rows in result["table"].values() for row in rows.values())
     for link, rows in result["table"].items():
         ddp = rows[BASELINE]
         ddp_t = ddp["reached"][1] if ddp["reached"] else float("nan")
         print(f"\n## {link}\n")
-        print("| variant | step (s) | steps to target | x DDP steps | time to target (s) | DDP time / this | "
-              f"val loss at {steps} steps | val loss at DDP's time |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        print(f"| variant | step (s) | MB sent per step | steps to target | x DDP steps | time to target (s) | DDP time / this | "
+              f"val loss at {steps} steps | vs DDP | final val loss ({longest} steps) | val loss at DDP's time |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         speedups = []
-        for name, row in rows.items():
+        for spec, row in rows.items():
             hit = row["reached"]
-            steps_txt = f"{hit[0]}" if hit else f"not in {row['curve'][-1][0]}"
+            steps_txt = f"{hit[0]}" if hit else f"not in {row['curve'][-1][0] / steps:.1f}x"
             ratio_steps = f"{hit[0] / ddp['reached'][0]:.2f}" if hit and ddp["reached"] else "-"
             time_txt = f"{hit[1]:.0f}" if hit else "-"
             speedup = ddp_t / hit[1] if hit and hit[1] > 0 else float("nan")
-            if name != BASELINE and hit:
+            if spec != BASELINE and hit:
                 speedups.append(speedup)
-            print(f"| {name}{' (timed)' if row['timed_only'] else ''} | {row['step_s']:.3f} | {steps_txt} | {ratio_steps} "
-                  f"| {time_txt} | {speedup:.2f}x | {row['val_at_steps']:.4f} | {row['val_at_ddp_time']:.4f} |")
+            sent = f"{row['bytes_per_step'] / 1e6:.2f}" if row.get("bytes_per_step") else "-"
+            gap = row["val_at_steps"] / target - 1
+            print(f"| {spec}{' (timed)' if row['timed_only'] else ''} | {row['step_s']:.3f} | {sent} | {steps_txt} | "
+                  f"{ratio_steps} | {time_txt} | {speedup:.2f}x | {row['val_at_steps']:.4f} | {gap:+.2%} | "
+                  f"{row['final']:.4f} | {row['val_at_ddp_time']:.4f} |")
         key = max(speedups, default=float("nan"))
     print(f"key ratio: at {list(result['table'])[-1]}, DDP's time to its target / the fastest bagua algorithm's = {key:.2f}x")
     return key
@@ -192,15 +247,19 @@ def plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    links = list(result["table"])
-    fig, axes = plt.subplots(1, len(links), figsize=(6 * len(links), 4.5), squeeze=False)
-    for ax, link in zip(axes[0], links):
-        for name, row in result["table"][link].items():
-            _, secs, _, _, vals = zip(*row["curve"])
-            ax.plot(secs, vals, marker=".", label=name, linewidth=2.5 if name == BASELINE else 1.2)
-        ax.axhline(result["target"], color="gray", linestyle=":", label="target (DDP at the last step)")
-        ax.set(title=f"4 ranks, {link}", xlabel="training time (s)", ylabel="validation loss (nats/byte)")
-        ax.legend(fontsize=8)
+    timed = [link for link in result["table"] if link != CURVES]
+    panels = [(CURVES, True)] + [(link, False) for link in (timed or [CURVES])]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    for ax, (link, by_steps) in zip(axes[0], panels):
+        for spec, row in result["table"][link].items():
+            st, secs, _, _, vals = zip(*row["curve"])
+            ax.plot(st if by_steps else secs, vals, marker=".", label=spec, linewidth=2.5 if spec == BASELINE else 1.2)
+        ax.axhline(result["target"], color="gray", linestyle=":", label="target (DDP at its last step)")
+        ax.set(title=f"{result['ranks']} ranks, " + ("validation loss by step" if by_steps else link),
+               xlabel="step" if by_steps else "training time (s)", ylabel="validation loss (nats/byte)")
+        lows = [row["final"] for row in result["table"][link].values()]
+        ax.set_ylim(min(lows) - 0.05, result["target"] + 0.6)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -208,53 +267,75 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def run_driver(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="tta: %(levelname)s %(message)s")
-    netns = import_netns()
-    netns.check_requirements()
-    flags, steps, _, timing_steps = SIZES[args.size]
+    flags, ranks, steps, _, timing_steps = RUNS[args.run]
+    links = [] if args.run == "constant" else args.links
+    if links:
+        netns = import_netns()
+        netns.check_requirements()
+    longer = int(steps * LONGER)
+    full = {v: steps if v == BASELINE else longer for v in args.variants}
     jobs: dict[str, dict] = {}
     t0 = time.monotonic()
-    for i, link in enumerate(args.links):
-        longer = int(steps * LONGER)
-        plan = [(v, timing_steps + PHASE_STEPS.get(v, 0) if (i and v not in TIMED_ON_EVERY_LINK)
-                 else steps if v == BASELINE else longer) for v in args.variants]  # fmt: skip
-        cmd = [sys.executable, str(HERE / "netns.py"), "--ranks", str(args.ranks), "--rate", link,
-               "--timeout", str(args.timeout), "--", sys.executable, str(Path(__file__)), "--worker",
-               "--link", link, "--size", args.size, "--cache-dir", args.cache_dir,
+    for link in [CURVES, *links]:
+        if link == CURVES:  # every curve, in full; async too in a run without links
+            plan = [(v, n) for v, n in full.items() if not links or parse_variant(v)[0] not in TIMED_ON_EVERY_LINK]
+            launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+                        "--no-python"]
+        else:  # the step times of the deterministic ones on this link (a first phase included); async in full
+            plan = [(v, n if parse_variant(v)[0] in TIMED_ON_EVERY_LINK else timing_steps + PHASE_STEPS.get(parse_variant(v)[0], 0))
+                    for v, n in full.items()]  # fmt: skip
+            launcher = [sys.executable, str(HERE / "netns.py"), "--ranks", str(ranks), "--rate", link,
+                        "--timeout", str(args.timeout), "--"]
+        cmd = [*launcher, sys.executable, str(Path(__file__)), "--worker", "--link", link, "--measure", args.run,
+               "--lr", str(args.lr), "--cache-dir", args.cache_dir,
                "--variants", *[v for v, _ in plan], "--steps", *[str(n) for _, n in plan]]  # fmt: skip
-        print(f"\n### {link} x{args.ranks} ({time.monotonic() - t0:.0f} s elapsed)", flush=True)
+        print(f"\n### {link} x{ranks} ({time.monotonic() - t0:.0f} s elapsed)", flush=True)
         job = run_job(cmd, args.timeout + 60, JSON_TAG, logger)
         if job is None:
             logger.error("the %s job failed; no report", link)
             return 1
         jobs[link] = job["results"]
-    result = analyse(jobs, args.links, steps, warmup=3, timing=timing_steps)
-    result.update(ranks=args.ranks, size=args.size, model_flags=flags, elapsed_s=time.monotonic() - t0,
+    result = analyse(jobs, links, steps, warmup=3, timing=timing_steps)
+    result.update(ranks=ranks, run=args.run, lr=args.lr, model_flags=flags, elapsed_s=time.monotonic() - t0,
                   date=time.strftime("%Y-%m-%d %H:%M"), jobs=jobs)  # fmt: skip (jobs: every run as measured)
-    out = HERE / "results" / f"time_to_accuracy{'_quick' if args.size == 'quick' else ''}.json"
+    suffix = "" if args.run == "decay" else f"_{args.run}"
+    out = HERE / "results" / f"time_to_accuracy{suffix}{args.tag}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
-    plot(result, HERE / "figures" / f"time_to_accuracy{'_quick' if args.size == 'quick' else ''}.png")
+    plot(result, HERE / "figures" / f"time_to_accuracy{suffix}{args.tag}.png")
     report(result)
     return 0
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a tiny model and 60 steps: a first look in minutes")
+    parser.add_argument("--measure", dest="run", choices=tuple(RUNS), default="decay",
+                        help="decay: 4 ranks, cosine decay, on every link; constant: 2 ranks, constant rate, first "
+                             "link; quick: a tiny model and 60 steps")
+    parser.add_argument("--quick", action="store_true", help="--measure quick: a first look in minutes")
     parser.add_argument("--links", nargs="+", default=["1gbit", "100mbit"],
                         help="tbf rates; the first one's curves serve the others (default 1gbit 100mbit)")
-    parser.add_argument("--ranks", type=int, default=4)
-    parser.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
-    parser.add_argument("--timeout", type=float, default=3600.0, help="per link job, seconds")
+    parser.add_argument("--variants", nargs="+", default=VARIANTS,
+                        help=f"of {VARIANTS}, each optionally with options, e.g. 'qadam[variance=frozen]'")
+    parser.add_argument("--lr", type=float, default=3e-3, help="the peak learning rate of every variant (default 3e-3)")
+    parser.add_argument("--tag", default="", help="appended to the results' file names (an experiment's own)")
+    parser.add_argument("--timeout", type=float, default=7200.0, help="per link job, seconds")
     parser.add_argument("--cache-dir", default="/tmp/bagua-tta-cache")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--link", help=argparse.SUPPRESS)
-    parser.add_argument("--size", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--steps", nargs="+", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    args.size = args.size or ("quick" if args.quick else "full")
+    if args.quick:
+        args.run = "quick"
+    try:
+        for spec in args.variants:
+            parse_variant(spec)
+    except ValueError as e:
+        parser.error(str(e))
     if BASELINE not in args.variants:
         parser.error(f"--variants must include {BASELINE}: it sets the target")
+    if args.tag and not re.fullmatch(r"[A-Za-z0-9_-]+", args.tag):
+        parser.error(f"--tag takes letters, digits, - and _, got {args.tag!r}")
     return run_worker(args) if args.worker else run_driver(args)
 
 

@@ -12,7 +12,7 @@ distributed is ``bagua.DistributedDataParallel(model, [optimizer], algorithm=...
 algorithm decides how ranks communicate: ``gradient_allreduce`` (exact, like torch DDP),
 ``bytegrad`` (8-bit compressed gradients), ``decentralized`` and ``low_precision_decentralized``
 (weights averaged with peers), ``async`` (background model averaging), ``qadam`` (8-bit
-compressed Adam momentum). Decentralized and asynchronous algorithms leave the replicas
+compressed Adam momentum; ``qadam1``: 1-bit), ``onebit_grad`` (1-bit gradients). Decentralized and asynchronous algorithms leave the replicas
 slightly apart; at the end they are averaged once, so every rank evaluates the same model.
 """
 
@@ -34,7 +34,7 @@ import bagua
 from replicas import average_parameters, parameters_identical_on_all_ranks
 
 ALGORITHMS = ("gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam",
-              "onebit_grad")
+              "qadam1", "onebit_grad")  # qadam1: qadam with a 1-bit momentum (bits=1)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -133,8 +133,8 @@ def accuracy(model: torch.nn.Module, data: TensorDataset) -> float:
 
 
 def make_algorithm(name: str, optimizer: torch.optim.Optimizer) -> bagua.algorithms.Algorithm:
-    if name == "qadam":
-        return bagua.algorithms.QAdamAlgorithm(optimizer)
+    if name in ("qadam", "qadam1"):
+        return bagua.algorithms.QAdamAlgorithm(optimizer, bits=1 if name == "qadam1" else 8)
     if name == "async":  # average every 20 ms, after one epoch-ish of synchronous warm-up
         return bagua.algorithms.AsyncModelAverageAlgorithm(sync_interval_ms=20, warmup_steps=20)
     if name == "onebit_grad":  # exact for qadam's warm-up, then 1 bit
@@ -143,7 +143,7 @@ def make_algorithm(name: str, optimizer: torch.optim.Optimizer) -> bagua.algorit
 
 
 def make_optimizer(name: str, params, lr, fuse: bool = True) -> torch.optim.Optimizer:
-    if name == "qadam":
+    if name in ("qadam", "qadam1"):
         optimizer = bagua.optim.QAdamOptimizer(params, lr=lr or 0.003, warmup_steps=50)
     else:
         optimizer = torch.optim.SGD(params, lr=lr or 0.1, momentum=0.9)

@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -49,12 +50,17 @@ import bagua  # noqa: E402
 ALGORITHMS = ("gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam",
               "qadam1", "onebit_grad")  # qadam1: qadam with a 1-bit momentum (bits=1)
 BASELINE = "torch-ddp"  # torch.nn.parallel.DistributedDataParallel on the same loop, to compare with
+BASELINE_FP16 = "torch-ddp-fp16"  # the same with torch's fp16 compression hook (a torch user's no-install option)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--algorithm", choices=ALGORITHMS + (BASELINE,), default="gradient_allreduce",
-                        help=f"how ranks communicate; {BASELINE}: torch's DistributedDataParallel, the baseline")
+    parser.add_argument("--algorithm", choices=ALGORITHMS + (BASELINE, BASELINE_FP16), default="gradient_allreduce",
+                        help=f"how ranks communicate; {BASELINE}: torch's DistributedDataParallel, the baseline; "
+                             f"{BASELINE_FP16}: the same with torch's fp16_compress_hook")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an option of the algorithm (repeatable), e.g. --option warmup_steps=100; "
+                             "the value is read as a Python literal (a number, True, a string)")
     parser.add_argument("--steps", type=int, default=1000, help="optimizer steps (default 1000)")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--width", type=int, default=256, help="embedding width (default 256: ~6.4M parameters with 8 layers)")
@@ -67,6 +73,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup-steps", type=int, default=50)
     parser.add_argument("--schedule-steps", type=int, default=None,
                         help="the cosine decay ends here, then the rate stays at a tenth of the peak (default --steps)")
+    parser.add_argument("--lr-schedule", choices=("cosine", "constant"), default="cosine",
+                        help="after the linear warm-up: cosine decay to a tenth of the peak (default), or the peak throughout")
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--val-docs", type=int, default=512, help="held-out documents per evaluation")
     parser.add_argument("--max-files", type=int, default=None, help="use this many corpus files (quick runs)")
@@ -84,7 +92,28 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.width % args.heads:
         parser.error(f"--width ({args.width}) must be a multiple of --heads ({args.heads})")
+    try:
+        args.options = parse_options(args.option)
+    except ValueError as e:
+        parser.error(str(e))
     return args
+
+
+def parse_options(pairs: list[str]) -> dict:
+    """``["warmup_steps=100", "hierarchical=True"]`` -> ``{"warmup_steps": 100, "hierarchical": True}``
+    (each value a Python literal, else the string itself)."""
+    import ast
+
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise ValueError(f"--option takes KEY=VALUE with KEY a name, got {pair!r}")
+        try:
+            options[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            options[key] = value
+    return options
 
 
 # ---- model, data, optimizer --------------------------------------------------------------------
@@ -119,38 +148,59 @@ def batch_sampler(args: argparse.Namespace, dataset, lengths: np.ndarray, rank: 
     return batches, batches
 
 
+BETAS = (0.9, 0.95)  # every variant's Adam: the usual betas of transformer pre-training
+WEIGHT_DECAY = 0.01
+
+
 def make_optimizer(args: argparse.Namespace, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """AdamW (qadam: ``QAdamOptimizer`` with the same betas and decoupled weight decay, its own
+    options of ``--option`` applied), fused unless ``--no-fuse``."""
     lr = args.lr or 1e-3
     if args.algorithm in ("qadam", "qadam1"):
-        opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=lr, warmup_steps=max(1, args.warmup_steps), weight_decay=0.01)
+        options = {"warmup_steps": max(1, args.warmup_steps), "betas": BETAS, "weight_decay": WEIGHT_DECAY,
+                   "decoupled_weight_decay": True, **optimizer_options(args.options)}
+        opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=lr, **options)
     else:
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
     return opt if args.no_fuse else bagua.optim.fuse_optimizer(opt)
+
+
+def optimizer_options(options: dict) -> dict:
+    """The ``--option`` entries that are ``QAdamOptimizer``'s own (the others are the algorithm's)."""
+    import inspect
+
+    accepted = inspect.signature(bagua.optim.QAdamOptimizer).parameters
+    return {k: v for k, v in options.items() if k in accepted}
 
 
 def schedule(args: argparse.Namespace, opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warm-up, then cosine decay to a tenth of the peak at ``--schedule-steps`` (default
-    ``--steps``), a tenth after that."""
+    ``--steps``), a tenth after that; with ``--lr-schedule constant`` the peak after the warm-up."""
     horizon = args.schedule_steps or args.steps
 
     def factor(step: int) -> float:
         if step < args.warmup_steps:
             return (step + 1) / args.warmup_steps
+        if args.lr_schedule == "constant":
+            return 1.0
         done = min(1.0, (step - args.warmup_steps) / max(1, horizon - args.warmup_steps))
         return 0.1 + 0.45 * (1 + math.cos(math.pi * done))
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
-def make_algorithm(name: str, optimizer: torch.optim.Optimizer, warmup_steps: int):
-    """The algorithm ``name``; qadam and onebit_grad with an exact warm-up of ``warmup_steps``
-    (the learning rate's: the large early gradients stay uncompressed)."""
+def make_algorithm(name: str, optimizer: torch.optim.Optimizer, warmup_steps: int, options: Optional[dict] = None):
+    """The algorithm ``name`` with ``options`` (``--option``); qadam and onebit_grad with an exact
+    warm-up of ``warmup_steps`` unless an option says otherwise (the learning rate's: the large
+    early gradients stay uncompressed)."""
+    options = dict(options or {})
     if name in ("qadam", "qadam1"):
-        return bagua.algorithms.QAdamAlgorithm(optimizer, bits=1 if name == "qadam1" else 8)
+        own = {k: v for k, v in options.items() if k not in optimizer_options(options)}
+        return bagua.algorithms.QAdamAlgorithm(optimizer, **{"bits": 1 if name == "qadam1" else 8, **own})
     if name == "async":
-        return bagua.algorithms.AsyncModelAverageAlgorithm(sync_interval_ms=50, warmup_steps=20)
+        return bagua.algorithms.AsyncModelAverageAlgorithm(**{"sync_interval_ms": 50, "warmup_steps": 20, **options})
     if name == "onebit_grad":
-        return bagua.algorithms.OneBitGradAlgorithm(warmup_steps=warmup_steps)
-    return bagua.algorithms.Algorithm.init(name)
+        return bagua.algorithms.OneBitGradAlgorithm(**{"warmup_steps": warmup_steps, **options})
+    return bagua.algorithms.Algorithm.init(name, **options)
 
 
 def token_loss(model, batch: dict[str, torch.Tensor], reduction: str = "mean") -> tuple[torch.Tensor, int]:
@@ -191,10 +241,14 @@ def train(args: argparse.Namespace, log=print) -> dict:
     opt = make_optimizer(args, model)
     step_fn = opt.step if args.no_fuse else opt.fuse_step
     scheduler = schedule(args, opt)
-    if args.algorithm == BASELINE:
+    if args.algorithm in (BASELINE, BASELINE_FP16):
         algorithm, ddp = None, torch.nn.parallel.DistributedDataParallel(model)
+        if args.algorithm == BASELINE_FP16:
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+
+            ddp.register_comm_hook(None, fp16_compress_hook)
     else:
-        algorithm = make_algorithm(args.algorithm, opt, args.warmup_steps)
+        algorithm = make_algorithm(args.algorithm, opt, args.warmup_steps, args.options)
         ddp = bagua.DistributedDataParallel(model, optimizers=[opt], algorithm=algorithm)
     params = sum(p.numel() for p in model.parameters())
     log(f"stdlib LM: {len(train_set)} train / {len(val_set)} val documents, {params / 1e6:.2f}M parameters, "
@@ -203,6 +257,7 @@ def train(args: argparse.Namespace, log=print) -> dict:
     curve = [(0, 0.0, 0, float("nan"), validation_loss(model, val_set, args.val_docs, rank, world))]
     log(f"step {0:5d}  val loss {curve[0][4]:.4f}  ppl {math.exp(curve[0][4]):.1f}")
     step, epoch, tokens, padded, start = 0, 0, 0, 0, time.perf_counter()
+    sent_before = bagua.comm.bytes_sent()  # what this rank's bagua communication sent (not torch DDP's)
     step_times: list[float] = []  # seconds of each step, data loading included
     eval_time = 0.0  # evaluations pause the clock: the curve is against training time
     bar = tqdm(total=args.steps, desc="train", disable=bool(rank) or args.no_progress, unit="step")
@@ -236,6 +291,7 @@ def train(args: argparse.Namespace, log=print) -> dict:
         epoch += 1
     bar.close()
     wall = time.perf_counter() - start - eval_time
+    bytes_per_step = (bagua.comm.bytes_sent() - sent_before) / max(1, step) if algorithm is not None else None
     identical = parameters_identical_on_all_ranks(list(model.parameters()))
     if isinstance(algorithm, bagua.algorithms.AsyncModelAverageAlgorithm):
         algorithm.abort(ddp)  # stops the background averaging on every rank, identical weights
@@ -246,7 +302,7 @@ def train(args: argparse.Namespace, log=print) -> dict:
         ddp.close()
     train_set.close()
     return {"curve": curve, "final_val_loss": final, "wall_s": wall, "tokens": curve[-1][2], "step_times": step_times,
-            "identical_after_training": identical, "parameters": params}
+            "identical_after_training": identical, "parameters": params, "bytes_per_step": bytes_per_step}
 
 
 def write_outputs(args: argparse.Namespace, result: dict) -> None:

@@ -62,7 +62,8 @@ def torch_ddp_accuracy() -> float:
 
 
 @pytest.mark.parametrize(
-    "algorithm", ["gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam"]
+    "algorithm", ["gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam",
+                  "qadam1", "onebit_grad"]
 )
 def test_algorithm_converges_like_torch_ddp(algorithm, torch_ddp_accuracy, tmp_path):
     results = run_ranks(_bagua_run, 2, algorithm, str(tmp_path / "cache"), timeout=240)
