@@ -119,7 +119,7 @@ def test_a_checkpoint_without_this_ranks_residuals_restarts_them_at_zero(writer)
         saved, loaded = r["saved"]["algorithm"], r["loaded"]["algorithm"]
         if bits == 8:
             assert saved == {}
-        else:  # this rank's own residuals, not all zero after two 1-bit steps
+        else:  # this rank's own residuals, not all zero after its 1-bit steps
             assert saved["rank"] == rank and any(t.any() for t in saved["worker"].values()), saved
         kept = writer == "rank0" and rank == writer_rank  # its own residuals; another rank's or none restart at zero
         for side in ("worker", "server"):
