@@ -16,6 +16,9 @@ loops; the tests then assert, per cell, the strongest property that holds for th
   the overflowing batch (an overflow restarts error feedback from zero on every rank);
 - qadam_1bit (1-bit momentum with error feedback) likewise, bit-equal between its two ways, and
   under GradScaler to the loop that skips step 2 (a skipped step leaves the residuals as they were);
+- bytegrad_error_feedback (8 bits on blocks of 256 with error feedback from the first step) as
+  onebit_grad, its GradScaler reference restarting the residuals that step 1 left; qadam_frozen
+  (1-bit Adam's frozen variance) as qadam, both ways;
 - clipping: every step's gradient is clipped (its norm above ``MAX_NORM``), the result differs
   from the unclipped run's, SGD's first update is the learning rate times the clipped gradient,
   and no update is larger than unclipped;
@@ -56,6 +59,10 @@ ROWS = {
     "qadam_1bit": lambda opt: bagua.algorithms.QAdamAlgorithm(opt, bits=1),
     # one exact warm-up step, then three 1-bit steps with error feedback
     "onebit_grad": lambda opt: bagua.algorithms.OneBitGradAlgorithm(warmup_steps=1),
+    # 8 bits on smaller blocks, with error feedback from the first step (per-rank residuals)
+    "bytegrad_error_feedback": lambda opt: bagua.algorithms.ByteGradAlgorithm(block_size=256, error_feedback=True),
+    # 1-bit Adam's variance, frozen at the end of warm-up (the optimizer's variance="frozen")
+    "qadam_frozen": lambda opt: bagua.algorithms.QAdamAlgorithm(opt),
     # autotuning in the everyday loop: the buckets are rebuilt mid-run (the default, then one
     # bucket per tensor or a few), which must change no result
     "gradient_allreduce+autotune": lambda opt: "gradient_allreduce",
@@ -64,10 +71,12 @@ ROWS = {
 }
 # qadam averaging its momentum in step() instead of during backward: the qadam rows run every
 # column this way too, and each result must have the very bits of the overlapped one
-EXACT_QADAM = {"qadam": "qadam+no_overlap", "qadam_1bit": "qadam_1bit+no_overlap"}
-QADAM_WARMUP = {"qadam": 2, "qadam_1bit": 1}
+EXACT_QADAM = {"qadam": "qadam+no_overlap", "qadam_1bit": "qadam_1bit+no_overlap", "qadam_frozen": "qadam_frozen+no_overlap"}
+QADAM_WARMUP = {"qadam": 2, "qadam_1bit": 1, "qadam_frozen": 2}
+QADAM_OPTIONS = {"qadam_frozen": {"variance": "frozen"}}  # the rows' QAdamOptimizer options besides the defaults
 ALGORITHMS = {**ROWS, EXACT_QADAM["qadam"]: lambda opt: bagua.algorithms.QAdamAlgorithm(opt, overlap=False),
-              EXACT_QADAM["qadam_1bit"]: lambda opt: bagua.algorithms.QAdamAlgorithm(opt, overlap=False, bits=1)}
+              EXACT_QADAM["qadam_1bit"]: lambda opt: bagua.algorithms.QAdamAlgorithm(opt, overlap=False, bits=1),
+              EXACT_QADAM["qadam_frozen"]: lambda opt: bagua.algorithms.QAdamAlgorithm(opt, overlap=False)}
 TUNING = bagua.AutotuneConfig(max_trials=3, steps_per_trial=1, warmup_steps=0, space={"bucket_size_bytes": (64, 256)})
 DETERMINISTIC = [name for name in ROWS if name != "async"]
 # replicas differ across ranks by design: a checkpoint holds each rank's own weights, which the
@@ -78,10 +87,13 @@ OWN_REPLICAS = ["decentralized", "decentralized_shift_one_2", "low_precision_dec
 # of a backward changes state of its own, the loop without batch 2: decentralized (interval 1: step
 # 2 communicates) would replace the weights by the peers' average, onebit_grad would keep the
 # residuals of that backward's 1-bit allreduce.
-WITHOUT_BATCH_TWO = ["decentralized", "onebit_grad"]
+WITHOUT_BATCH_TWO = ["decentralized", "onebit_grad", "bytegrad_error_feedback"]
 # replicas identical after every step (gradient averaging; qadam averages the momentum)
-IDENTICAL = ["gradient_allreduce", "bytegrad", "qadam", "qadam_1bit", "onebit_grad", "gradient_allreduce+autotune", "bytegrad+autotune",
-             "onebit_grad+autotune"]
+IDENTICAL = ["gradient_allreduce", "bytegrad", "qadam", "qadam_1bit", "onebit_grad", "bytegrad_error_feedback", "qadam_frozen",
+             "gradient_allreduce+autotune", "bytegrad+autotune", "onebit_grad+autotune"]
+# error feedback from the first step: an overflow restarts the residuals that step 1 left, so
+# GradScaler's reference is the loop without batch 2 whose residuals restart after step 1
+RESTART_AFTER_STEP_ONE = ["bytegrad_error_feedback"]
 
 
 def _algorithm(name: str) -> str:
@@ -129,7 +141,8 @@ class _Run:
         self.model = model if model is not None else _Net()
         if _algorithm(row) in QADAM_WARMUP:
             self.opt = bagua.optim.QAdamOptimizer(self.model.parameters(), lr=0.01,
-                                                  warmup_steps=QADAM_WARMUP[_algorithm(row)])
+                                                  warmup_steps=QADAM_WARMUP[_algorithm(row)],
+                                                  **QADAM_OPTIONS.get(_algorithm(row), {}))
         else:
             self.opt = torch.optim.SGD(self.model.parameters(), lr=LR, momentum=0.9)
         if fused:
@@ -251,14 +264,19 @@ def _skipping_step_two(rank, row, fused):
     return run.finish()
 
 
-def _skipping_batch_two(rank, row, fused):
+def _skipping_batch_two(rank, row, fused, restart_after_step_one: bool = False):
     """The reference of onebit_grad's skipped step: no forward, backward or step on batch 2. An
     overflowing step restarts the error feedback from zero on every rank, as before its first
-    1-bit step; the loss scale is a power of two, which scales sign1's blocks and residuals
-    exactly. So the GradScaler loop equals this one bit for bit. Also the reference of a
-    backward that raised, for the rows of ``WITHOUT_BATCH_TWO``."""
+    1-bit step; the loss scale is a power of two, which scales sign1's and MinMaxUInt8's blocks
+    and residuals exactly. So the GradScaler loop equals this one bit for bit (with
+    ``restart_after_step_one``, the residuals of step 1 restarted as the overflow restarts them).
+    Also the reference of a backward that raised, for the rows of ``WITHOUT_BATCH_TWO``."""
     run = _Run(row, fused)
-    run.train([batch for step, batch in enumerate(_batches(rank)) if step != 1])
+    batches = _batches(rank)
+    run.train(batches[:1])
+    if restart_after_step_one:
+        run.ddp.impl.residuals.reset()
+    run.train(batches[2:])
     return run.finish()
 
 
@@ -426,6 +444,8 @@ def _row_job(rank: int, row: str, fused: bool) -> dict:
     out["plain_steps"] = big.ddp.step
     if _algorithm(row) in WITHOUT_BATCH_TWO:
         out["skip_batch_two"] = _skipping_batch_two(rank, row, fused)
+    if _algorithm(row) in RESTART_AFTER_STEP_ONE:
+        out["skip_batch_two_restarted"] = _skipping_batch_two(rank, row, fused, restart_after_step_one=True)
     if row in EXACT_QADAM:
         out["speculation"] = big.ddp.impl.speculation.stats
     out["bucket_sizes"] = [entry["config"]["bucket_size_bytes"] for entry in big.ddp.autotune_log]
@@ -492,8 +512,8 @@ def test_accumulation_under_no_sync_equals_one_big_batch(row):
             # the same flip of a compensated momentum ratio m / sqrt(v̂) moves that element's average
             # by two block scales, its step by <= 2 * lr = 2e-2 (Adam's ratios stay within ~1), and
             # the next step's feedback sends it back (observed: 3e-8, float rounding only)
-            tolerance = {"bytegrad": 2e-3, "low_precision_decentralized": 2e-3, "qadam": 2e-3,
-                         "onebit_grad": 2e-2, "qadam_1bit": 2e-2}.get(_algorithm(name), 1e-5)
+            tolerance = {"bytegrad": 2e-3, "low_precision_decentralized": 2e-3, "qadam": 2e-3, "qadam_frozen": 2e-3,
+                         "bytegrad_error_feedback": 2e-3, "onebit_grad": 2e-2, "qadam_1bit": 2e-2}.get(_algorithm(name), 1e-5)
             torch.testing.assert_close(params, r["plain"], rtol=0, atol=tolerance)
         if name in ("gradient_allreduce", "bytegrad"):  # with autotune its collectives and bucket changes add bytes
             assert len(set(sent)) == 1 and sent[0] > 0  # one communication per step, not per micro-batch
@@ -504,13 +524,15 @@ def test_grad_scaler_overflow_on_one_rank_skips_the_step_everywhere(row):
     for rank, r in enumerate(results):
         params, scales = r["scaler"]
         assert torch.isfinite(params).all()
-        if _algorithm(name) in ("gradient_allreduce", "bytegrad", "qadam", "qadam_1bit", "onebit_grad"):
+        if _algorithm(name) in ("gradient_allreduce", "bytegrad", "qadam", "qadam_1bit", "qadam_frozen", "onebit_grad",
+                                "bytegrad_error_feedback"):
             # gradient algorithms: the averaged gradient is non-finite everywhere, so every rank's
             # scaler halves; qadam (local gradients after warm-up) skips everywhere, and the scale
             # halves where the overflow was seen
             if name not in EXACT_QADAM or rank == 1:
                 assert scales[1] == 2.0 ** 9
-            skipped = r["skip_batch_two" if _algorithm(name) == "onebit_grad" else "skip_step_two"]
+            skipped = r[{"onebit_grad": "skip_batch_two", "bytegrad_error_feedback": "skip_batch_two_restarted"}.get(
+                _algorithm(name), "skip_step_two")]
             if fused:  # GradScaler calls step(), the reference fuse_step(): the same math, other rounding
                 torch.testing.assert_close(params, skipped, rtol=1e-6, atol=1e-7)
             else:
