@@ -8,6 +8,15 @@ its residual) and one scale per 256 values (their root mean square), 28x fewer b
 rank that reduces a chunk sends the sign of (average + its residual) back. Every rank ends backward
 with identical gradients; what each step's rounding left out is sent in the next steps.
 
+With an optimizer that divides each coordinate by its own running root mean square (Adam,
+AdamW, RMSprop, ...) 1-bit gradients lose accuracy: each decoded value is +-its block's root mean
+square, so the optimizer's second moment sees the block's mean square, not the coordinate's, and a
+coordinate with small gradients among large ones barely moves. On the LM of
+``docs/convergence.md`` (AdamW) it ended far above torch DDP's loss, where qadam with ``bits=1``
+(the same codec and error feedback on Adam's momentum, the variance learnt from 8-bit steps) did
+not; wrapping such an optimizer warns once and says so. With SGD and momentum the error feedback
+gives back what the rounding left out.
+
 State, overflows and loss scaling: as ``bagua.algorithms.compressed_gradients`` says (the warm-up's
 clock and each rank's residuals, saved per rank by checkpoints and carried by rebucketing; an
 overflow on any rank skips the step on every rank and restarts the residuals).
@@ -21,12 +30,33 @@ from __future__ import annotations
 
 import logging
 
+import torch
+
 from ..comm import BaguaProcessGroup
 from ..comm.compression import Sign1
 from .base import Algorithm, AlgorithmImpl, check_positive_int
 from .compressed_gradients import CompressedGradientImpl
 
 logger = logging.getLogger(__name__)
+
+
+#: optimizers that divide each coordinate by its own running root mean square of gradients
+PER_COORDINATE_SCALED = (torch.optim.Adam, torch.optim.AdamW, torch.optim.NAdam, torch.optim.RAdam, torch.optim.Adamax,
+                         torch.optim.Adagrad, torch.optim.RMSprop)
+
+
+class OneBitGradImpl(CompressedGradientImpl):
+    """``CompressedGradientImpl`` with sign1, warning once when it feeds an Adam-like optimizer."""
+
+    def on_wrapped(self, ddp) -> None:
+        scaled = sorted({type(opt).__name__ for opt in ddp.optimizers if isinstance(opt, PER_COORDINATE_SCALED)})
+        if scaled and self.process_group.rank == 0:
+            logger.warning(
+                "onebit_grad feeds 1-bit gradients to %s, which divides each coordinate by its own gradients' root mean "
+                "square: it sees each 1-bit block's instead and loses accuracy (on our LM it ended far above torch "
+                "DDP's loss; docs/convergence.md). For Adam, algorithm='qadam' with bits=1 sends as few bytes and "
+                "reached DDP's loss; onebit_grad suits SGD", ", ".join(scaled))
+        super().on_wrapped(ddp)
 
 
 @Algorithm.register("onebit_grad")
@@ -56,5 +86,6 @@ class OneBitGradAlgorithm(Algorithm):
         self.block_size = block_size
 
     def reify(self, process_group: BaguaProcessGroup) -> AlgorithmImpl:
-        return CompressedGradientImpl(process_group, self.hierarchical, self.average, self.codec, error_feedback=True,
-                                      warmup_steps=self.warmup_steps, name="onebit_grad", log=logger)
+        return OneBitGradImpl(process_group, self.hierarchical, self.average, self.codec, error_feedback=True,
+                              warmup_steps=self.warmup_steps, name="onebit_grad", log=logger)
+

@@ -126,3 +126,22 @@ def test_another_ranks_residuals_restart_at_zero_with_a_warning():
         assert all(torch.equal(loaded[k], saved[k]) for k in saved), side
         assert any(t.any() for t in results[1]["saved"][side].values()), side  # rank 1 had residuals of its own...
         assert not any(t.any() for t in results[1]["loaded"][side].values()), side  # ...and restarts at zero
+
+
+def _wrap_and_listen(rank: int, optimizer: str) -> list[str]:
+    records: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: records.append(record.getMessage())
+    logging.getLogger("bagua.algorithms.onebit_grad").addHandler(handler)
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters()) if optimizer == "adamw" else torch.optim.SGD(model.parameters(), lr=0.05)
+    ddp = bagua.DistributedDataParallel(model, [bagua.optim.fuse_optimizer(opt)], "onebit_grad")
+    ddp.close()
+    return records
+
+
+def test_an_adam_like_optimizer_is_warned_about_once_with_the_alternative():
+    adamw = run_ranks(_wrap_and_listen, 2, "adamw", timeout=60)
+    assert len(adamw[0]) == 1 and "AdamW" in adamw[0][0] and "algorithm='qadam' with bits=1" in adamw[0][0]
+    assert adamw[1] == []  # once, by rank 0
+    assert run_ranks(_wrap_and_listen, 2, "sgd", timeout=60) == [[], []]
