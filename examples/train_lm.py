@@ -70,6 +70,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="documents per rank and step; with the balanced sampler, the token budget is batch-size x (context + 1)")
     parser.add_argument("--sampler", choices=("balanced", "torch"), default="balanced")
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-3)")
+    parser.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw",
+                        help="adamw (default; qadam: QAdamOptimizer) or SGD with momentum 0.9 (to tell an "
+                             "algorithm's effect on Adam's moments from its own)")
     parser.add_argument("--warmup-steps", type=int, default=50)
     parser.add_argument("--schedule-steps", type=int, default=None,
                         help="the cosine decay ends here, then the rate stays at a tenth of the peak (default --steps)")
@@ -92,6 +95,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.width % args.heads:
         parser.error(f"--width ({args.width}) must be a multiple of --heads ({args.heads})")
+    if args.optimizer == "sgd" and args.algorithm in ("qadam", "qadam1"):
+        parser.error(f"--algorithm {args.algorithm} averages Adam's momentum: it trains with QAdamOptimizer, not SGD")
     try:
         args.options = parse_options(args.option)
     except ValueError as e:
@@ -154,12 +159,15 @@ WEIGHT_DECAY = 0.01
 
 def make_optimizer(args: argparse.Namespace, model: torch.nn.Module) -> torch.optim.Optimizer:
     """AdamW (qadam: ``QAdamOptimizer`` with the same betas and decoupled weight decay, its own
-    options of ``--option`` applied), fused unless ``--no-fuse``."""
+    options of ``--option`` applied) or, with ``--optimizer sgd``, SGD with momentum; fused unless
+    ``--no-fuse``."""
     lr = args.lr or 1e-3
     if args.algorithm in ("qadam", "qadam1"):
         options = {"warmup_steps": max(1, args.warmup_steps), "betas": BETAS, "weight_decay": WEIGHT_DECAY,
                    "decoupled_weight_decay": True, **optimizer_options(args.options)}
         opt = bagua.optim.QAdamOptimizer(model.parameters(), lr=lr, **options)
+    elif args.optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=WEIGHT_DECAY)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
     return opt if args.no_fuse else bagua.optim.fuse_optimizer(opt)

@@ -18,12 +18,18 @@ wait for it) and otherwise averages again from what it sees, so every step has t
 ``overlap="auto"`` (default) the ranks measure steps both ways soon after warm-up (and every 1000
 steps) and keep the faster: the bits are the same either way.
 
-The momentum is averaged as m / (sqrt(v̂) + eps): the frozen variance is identical on all ranks,
+The momentum is averaged as m / (sqrt(v̂) + eps): the variance is identical on all ranks,
 so this is the same average, and the 8-bit rounding then stays small next to each coordinate's
 own update (compressing m itself, coordinates with a small variance got rounding noise of the
 block's large momenta divided by their small sqrt(v): it diverged within a few steps on a
 10M-parameter MLP). It goes through a scratch buffer, so the momentum tensors stay the
 optimizer's own (``load_state_dict`` and ``fuse_optimizer`` may replace or move them).
+
+With ``QAdamOptimizer(variance="tracked")`` (default) each 8-bit average also updates the
+variance: ``write_back`` takes the averaged gradient (m̄_t − β1·m̄_{t−1}) / (1 − β1) from the new
+average and the last one (kept by ``begin_step``), the same bits on every rank, and updates v as
+Adam does. With ``bits=1`` the momentum goes 8-bit, without residuals, on the steps of
+``refreshes_variance`` (doubling intervals, every 32nd step at most), and v learns on those.
 
 ``bits=1`` sends the ratios as ``sign1`` (1-bit Adam's two-stage compressed allreduce, as
 ``onebit_grad`` sends gradients): every rank sends the sign of (ratio + its residual) and one scale
@@ -533,7 +539,8 @@ class QAdamAlgorithm(Algorithm):
         bits: 8 (default): the momentum ratios MinMaxUInt8-compressed; 1: their signs and one
             scale per 256 values (sign1, about 28x fewer bytes than fp32, 7x fewer than 8
             bits), with error feedback on every rank and on each chunk's reducer, kept as this
-            algorithm's state (saved per rank by checkpoints, carried by rebucketing).
+            algorithm's state (saved per rank by checkpoints, carried by rebucketing); with the
+            optimizer's tracked variance, 8 bits on the steps that update it (``refreshes_variance``).
 
     Example::
 
