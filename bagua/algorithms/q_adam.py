@@ -203,8 +203,11 @@ class MomentumBucket:
             for (p, group), view in zip(self.members, self.views):
                 torch.mul(view, self.optimizer.denominator(p, group), out=state[p]["exp_avg"])
             return
+        t = self.optimizer.variance_updates
         for (p, group), view in zip(self.members, self.views):  # every denominator before any variance changes
-            view.mul_(self.optimizer.denominator(p, group))
+            # this member's own (the same bits as the kept ones): an earlier bucket's write-back changed v
+            # elsewhere in a fused optimizer's buffer, and the kept ones would be computed anew for all of it
+            view.mul_(self.optimizer.denominator(p, group, t))
         for (p, group), start, view in zip(self.members, self.starts, self.views):
             m = state[p]["exp_avg"]
             averaged_gradient(view, self.previous[start:start + view.numel()].view(view.shape), group["betas"][0], out=m)
