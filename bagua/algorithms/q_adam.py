@@ -456,8 +456,8 @@ class QAdamImpl(AlgorithmImpl):
 
     # --- MomentumCommunicator (called by QAdamOptimizer.step after warm-up) -----------------------
     def begin_step(self, found_inf: Optional[bool], scaled: bool) -> bool:
-        if self.optimizer.variance == "tracked":  # the momenta before this step's, for the averaged gradients
-            for momentum in self._momentum.values():
+        if self.optimizer.variance == "tracked" and not self._one_bit_step(ahead=True):
+            for momentum in self._momentum.values():  # the momenta before this step's, for the averaged gradients
                 momentum.remember()
         speculated, probed = self.speculation.active, self.speculation.probing
         skip = bool(found_inf)
