@@ -22,7 +22,9 @@ exact allreduce, NCCL      a ring pipelined in slices: data crosses each machine
                            twice, ``2(m-1)``
 compressed allreduce       ``bagua.comm.compressed_allreduce``: every receive posted first,
                            chunks to all peers at once, then the reduced chunks: 2 (8-bit for
-                           bytegrad and qadam, 1-bit ``sign1`` for onebit_grad and qadam-1bit)
+                           bytegrad and qadam, 1-bit ``sign1`` for onebit_grad and qadam-1bit;
+                           qadam-1bit's tracked variance sends 8 bits on one step in 32 in the long
+                           run, 8% of a 1000-step run's: +19% and +51% bytes, not in the pattern)
 ring exchange              ``alltoall_v`` to both ring neighbours at once: 1
 =========================  ====================================================================
 
@@ -54,6 +56,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Optional, Sequence
 
+from .measured_accuracy import LONGEST, MEASURED, RESULTS, WORKLOAD
+
 ALGORITHMS = ("torch-ddp", "torch-ddp-fp16", "gradient_allreduce", "bytegrad", "decentralized",
               "low_precision_decentralized", "async", "qadam", "qadam-1bit", "onebit_grad")
 #: MinMaxUInt8 on the wire: a byte per element and an fp32 (min, max) per 1024-element block
@@ -64,19 +68,21 @@ SIGN1_BYTES_PER_ELEMENT = 1 / 8 + 4 / 256
 GLOO_SEGMENT_BYTES = 1 << 20
 BUCKET_BYTES = 25 << 20  # both wrappers' default bucket size
 VERDICT_BYTES = 2 * 4  # qadam's step: whether any rank skips it, whether any rank's speculation missed
-#: what each algorithm does to the training, from the time-to-accuracy runs (docs/choosing_an_algorithm.md)
-ACCURACY = {
-    "torch-ddp": "exact average of the gradients (the reference)",
-    "torch-ddp-fp16": "gradients rounded to fp16 on the wire",
-    "gradient_allreduce": "exact, as torch DDP (same losses to 1e-7 in our LM run)",
-    "bytegrad": "8-bit gradients: close to DDP (its loss in 1.12x the steps in our LM run)",
-    "decentralized": "weights averaged with peers: needed > 1.3x DDP's steps in our LM run",
-    "low_precision_decentralized": "decentralized with 8-bit differences: > 1.3x DDP's steps in our LM run",
-    "async": "no rank waits, replicas drift: worst loss of all in our LM run",
-    "qadam": "Adam with frozen variance: > 1.3x DDP's steps in our LM run (depends on its warm-up)",
-    "qadam-1bit": "qadam with a 1-bit momentum (bits=1, error feedback): loss 1% below 8-bit qadam's after 200 and 400 steps in our LM run",
-    "onebit_grad": "1-bit gradients, error feedback, exact warm-up: loss +1.9% over bytegrad's after 200 steps in our LM run",
+#: how a user selects each algorithm: what to write
+SELECT = {
+    "torch-ddp": "torch.nn.parallel.DistributedDataParallel(model)",
+    "torch-ddp-fp16": "torch DDP + register_comm_hook(None, fp16_compress_hook)",
+    "gradient_allreduce": 'algorithm="gradient_allreduce"',
+    "bytegrad": 'algorithm="bytegrad"',
+    "decentralized": 'algorithm="decentralized"',
+    "low_precision_decentralized": 'algorithm="low_precision_decentralized"',
+    "async": 'algorithm="async"',
+    "qadam": 'algorithm="qadam"',
+    "qadam-1bit": 'algorithm="qadam", bits=1',
+    "onebit_grad": 'algorithm="onebit_grad"',
 }
+#: other names of an algorithm that ``--steps-multiplier`` takes (the benchmarks' and examples' own)
+ALIASES = {"qadam1": "qadam-1bit", "qadam_1bit": "qadam-1bit", "ddp": "torch-ddp", "ddp-fp16": "torch-ddp-fp16"}
 
 
 @dataclass(frozen=True)
@@ -366,7 +372,8 @@ def _typed(parse):
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bagua.advise", description=(
-        "Predicted step time of each algorithm on a link (alpha-beta model), fastest first. "
+        "Predicted step time of each algorithm on a link (alpha-beta model) and its time to torch DDP's final "
+        "loss (step time x its measured steps multiplier), ranked by the latter. "
         "Under torchrun without --bandwidth and --latency-ms it measures the link first."),
         epilog="example: python -m bagua.advise --bandwidth 1gbit --latency-ms 2 --params 340M --world-size 128")
     p.add_argument("--params", required=True, type=_typed(parse_count), help="model parameters, e.g. 340M")
@@ -382,6 +389,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="how exact allreduces run (default nccl; measured: the job's)")
     p.add_argument("--constants", default=None, help="fitted constants (JSON from benchmarks/tradeoff_fit.py)")
     p.add_argument("--probe-mb", type=float, default=16.0, help="large allreduce of the link measurement, MB")
+    p.add_argument("--steps-multiplier", action="append", default=[], type=_typed(parse_multiplier),
+                   metavar="ALGORITHM=X",
+                   help="your own steps to torch DDP's loss over DDP's for an algorithm (repeatable), e.g. qadam=1.05; "
+                        "default: the measured ones (bagua.measured_accuracy)")
     p.add_argument("--json", action="store_true", help="print the predictions as JSON")
     args = p.parse_args(argv)
     if (args.bandwidth is None) != (args.latency_ms is None):
@@ -438,29 +449,79 @@ def measure_link(probe_bytes: int, repeats: int = 5) -> tuple[Link, dict]:
     return Link(8 / per_byte, latency), details
 
 
-def report(predictions: Sequence[Prediction], header: str, compute_given: bool) -> str:
-    """The ranked table the command line prints."""
+def steps_multipliers(overrides: Optional[dict[str, float]] = None) -> dict[str, Optional[float]]:
+    """Each algorithm's steps to torch DDP's final loss over DDP's steps: the measured ones
+    (``bagua.measured_accuracy``; None where it did not get there within the measurement), with
+    ``overrides`` (a user's own, measured on their job) on top."""
+    found: dict[str, Optional[float]] = {name: MEASURED[name]["steps_multiplier"] if name in MEASURED else None
+                                         for name in ALGORITHMS}
+    found.update(overrides or {})
+    return found
+
+
+def rank_by_time_to_target(predictions: Sequence[Prediction], multipliers: dict[str, Optional[float]]) -> list[Prediction]:
+    """``predictions`` by predicted time to torch DDP's final loss (step time x steps multiplier),
+    those without a multiplier (not there within the measurement) last, by step time."""
+    def key(p: Prediction) -> tuple:
+        m = multipliers.get(p.algorithm)
+        return (m is None, p.step_s * (m if m is not None else 1.0))
+    return sorted(predictions, key=key)
+
+
+def parse_multiplier(text: str) -> tuple[str, float]:
+    """``"qadam=1.05"`` -> ``("qadam", 1.05)``; the name as ``ALGORITHMS`` or ``ALIASES`` spell it."""
+    name, sep, value = text.partition("=")
+    name = ALIASES.get(name.strip(), name.strip())
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not sep or name not in ALGORITHMS or not number > 0 or not math.isfinite(number):
+        raise ValueError(f"--steps-multiplier takes ALGORITHM=X with X > 0 (its steps to torch DDP's loss over DDP's), "
+                         f"ALGORITHM one of {', '.join(ALGORITHMS)}; got {text!r}")
+    return name, number
+
+
+def report(predictions: Sequence[Prediction], header: str, compute_given: bool,
+           multipliers: Optional[dict[str, Optional[float]]] = None, overridden: Sequence[str] = ()) -> str:
+    """The table the command line prints, ranked by predicted time to torch DDP's final loss."""
+    multipliers = steps_multipliers() if multipliers is None else multipliers
+    ranked = rank_by_time_to_target(predictions, multipliers)
     ddp = next((p for p in predictions if p.algorithm == "torch-ddp"), predictions[0])
-    lines = [header, "", f"{'rank':<5}{'algorithm':<29}{'step ms':>10}{'waits ms':>10}{'hops':>6}{'MB/step':>9}"
-             f"{'x DDP':>7}  accuracy"]
-    for i, p in enumerate(predictions, 1):
-        speed = f"{ddp.step_s / p.step_s:>6.2f}x" if p.step_s > 0 else f"{'-':>7}"
-        note = ACCURACY[p.algorithm]
+    ddp_time = ddp.step_s * (multipliers.get("torch-ddp") or 1.0)
+    lines = [header, "", f"{'rank':<5}{'select with':<58}{'step ms':>9}{'waits ms':>9}{'hops':>5}{'MB/step':>8}"
+             f"{'steps x':>8}{'time x':>8}  loss at DDP's steps"]
+    for i, p in enumerate(ranked, 1):
+        m = multipliers.get(p.algorithm)
+        steps = f"{m:>7.2f}{'*' if p.algorithm in overridden else ' '}" if m is not None else f"{'> ' + LONGEST:>7} "
+        faster = f"{ddp_time / (p.step_s * m):>7.2f}x" if m is not None and p.step_s > 0 else f"{'-':>8}"
+        gap = MEASURED.get(p.algorithm, {}).get("loss_vs_ddp")
+        note = f"{gap:+.1%}" if gap is not None else "not measured"
         if p.algorithm == "async":
-            note += f"; one averaging round takes {p.comm_s * 1e3:.0f} ms in the background"
-        lines.append(f"{i:<5}{p.algorithm:<29}{p.step_s * 1e3:>10.1f}{p.exposed_s * 1e3:>10.1f}{p.hops:>6}"
-                     f"{p.nbytes / 1e6:>9.1f}{speed}  {note}")
-    lines.append("")
+            note += f" (one averaging round: {p.comm_s * 1e3:.0f} ms in the background)"
+        lines.append(f"{i:<5}{SELECT[p.algorithm]:<58}{p.step_s * 1e3:>9.1f}{p.exposed_s * 1e3:>9.1f}{p.hops:>5}"
+                     f"{p.nbytes / 1e6:>8.1f}{steps}{faster}  {note}")
+    lines += ["",
+              "step ms: predicted step (compute and the communication it cannot hide); waits ms: that communication; "
+              "hops: messages in sequence per step (each costs a one-way latency); MB/step: bytes on the busiest link.",
+              f"steps x: steps to torch DDP's final validation loss over DDP's (* yours, --steps-multiplier; "
+              f"'> {LONGEST}': not there within the measurement); time x: DDP's predicted time to its loss over this "
+              f"one's (step x steps); loss at DDP's steps: relative to DDP's. Measured on {WORKLOAD} "
+              f"({RESULTS}); pass your own with --steps-multiplier NAME=X."]
     if not compute_given:
         lines.append("no --compute-ms: step = the communication a step waits for (none hidden behind compute).")
-    lines.append("A prediction of the alpha-beta model, not a measurement. Faster is not better if the "
-                 "algorithm needs more steps: exact results only from torch-ddp and gradient_allreduce "
-                 "(see docs/choosing_an_algorithm.md).")
+    best = next((p for p in ranked if multipliers.get(p.algorithm) is not None), None)
+    if best is not None:
+        lines.append(f"Recommended: {SELECT[best.algorithm]} (predicted {ddp_time / (best.step_s * multipliers[best.algorithm]):.2f}x "
+                     f"torch DDP's time to its loss); exact, as torch DDP: algorithm=\"gradient_allreduce\". "
+                     "A prediction of the alpha-beta model and of one workload's steps, not a measurement of yours "
+                     "(docs/choosing_an_algorithm.md).")
     return "\n".join(lines)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m bagua.advise``: print every algorithm's predicted step time, fastest first."""
+    """``python -m bagua.advise``: every algorithm's predicted step time and time to torch DDP's final loss,
+    ranked by the latter."""
     args = parse_args(argv)
     constants = Constants.load(args.constants) if args.constants else Constants()
     rank, measured = 0, None
@@ -483,8 +544,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     compute = (args.compute_ms or 0.0) / 1e3
     found = predict_all(args.params, world, link, compute, constants, rpm, backend)
+    multipliers = steps_multipliers(dict(args.steps_multiplier))
     if args.json:
-        print(json.dumps({"link": asdict(link), "measured": measured, "predictions": [asdict(p) for p in found]}))
+        print(json.dumps({"link": asdict(link), "measured": measured, "predictions": [asdict(p) for p in found],
+                          "steps_multipliers": multipliers}))
         return 0
     header = (f"{args.params / 1e6:g}M parameters (fp32), {world} ranks, {rpm} per machine, "
               f"{link.bandwidth_bit_s / 1e6:g} Mbit/s, {link.latency_s * 1e3:g} ms one way, {backend}")
@@ -493,7 +556,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   f"in sequence, from exact allreduces of {measured['sizes_bytes'][0] / 1e3:g} KB and "
                   f"{measured['sizes_bytes'][1] / 1e6:g} MB on {measured['world_size']} ranks ({backend}; "
                   f"medians {measured['median_s'][0] * 1e3:.2f} ms and {measured['median_s'][1] * 1e3:.1f} ms)\n" + header)
-    print(report(found, header, args.compute_ms is not None))
+    print(report(found, header, args.compute_ms is not None, multipliers, [name for name, _ in args.steps_multiplier]))
     return 0
 
 

@@ -16,22 +16,59 @@ from tests.harness import run_command
 ADVISE = [sys.executable, "-m", "bagua.advise"]
 
 
-def _rows(text: str) -> list[list[str]]:
-    """The ranked rows: rank, algorithm, step ms, ..."""
-    return [line.split() for line in text.splitlines() if re.match(r"^\d+\s+\S+\s+[\d.]+", line)]
+def _rows(text: str) -> list[tuple[int, str, float]]:
+    """The ranked rows: (rank, how to select the algorithm, predicted step ms)."""
+    selects = sorted(advise.SELECT.values(), key=len, reverse=True)
+    rows = []
+    for line in text.splitlines():
+        found = re.match(r"^(\d+)\s+(.*)$", line)
+        select = found and next((s for s in selects if found.group(2).startswith(s)), None)
+        if select:
+            rows.append((int(found.group(1)), select, float(found.group(2)[len(select):].split()[0])))
+    return rows
 
 
-def test_the_papers_question_ranked_with_the_accuracy_caveat():
-    out = run_command([*ADVISE, "--bandwidth", "1gbit", "--latency-ms", "2", "--params", "340M", "--world-size", "128",
-                       "--ranks-per-machine", "8", "--compute-ms", "500"], timeout=60).stdout
+PAPER = ["--bandwidth", "1gbit", "--latency-ms", "2", "--params", "340M", "--world-size", "128",
+         "--ranks-per-machine", "8", "--compute-ms", "500"]
+
+
+def test_the_papers_question_ranked_by_time_to_ddps_loss():
+    out = run_command([*ADVISE, *PAPER], timeout=60).stdout
     assert "340M parameters (fp32), 128 ranks, 8 per machine, 1000 Mbit/s, 2 ms one way, nccl" in out
     rows = _rows(out)
-    assert [int(r[0]) for r in rows] == list(range(1, len(advise.ALGORITHMS) + 1))
-    assert {r[1] for r in rows} == set(advise.ALGORITHMS)
-    steps = [float(r[2]) for r in rows]
-    assert steps == sorted(steps) and steps[0] == 500.0  # async: compute alone
-    assert "A prediction of the alpha-beta model" in out and "exact results only from torch-ddp" in out
-    assert "no --compute-ms" not in out
+    assert [r[0] for r in rows] == list(range(1, len(advise.ALGORITHMS) + 1))
+    assert {r[1] for r in rows} == set(advise.SELECT.values())  # each row says how to select it
+    by_select = {select: name for name, select in advise.SELECT.items()}
+    multipliers = advise.steps_multipliers()
+    names = [by_select[r[1]] for r in rows]
+    k = sum(multipliers[name] is not None for name in names)  # those that reached DDP's loss come first
+    assert k >= 2 and all(multipliers[name] is not None for name in names[:k])
+    times = [r[2] * multipliers[name] for r, name in zip(rows[:k], names[:k])]
+    assert times == sorted(times)  # by predicted time to DDP's loss
+    assert [r[2] for r in rows[k:]] == sorted(r[2] for r in rows[k:])  # the others by step time
+    recommended = re.search(r"^Recommended: (.*) \(predicted", out, re.M)
+    assert recommended and recommended.group(1) == rows[0][1], out
+    assert "steps x: steps to torch DDP's final validation loss" in out and "hops: messages in sequence" in out
+    assert advise.WORKLOAD in out and "no --compute-ms" not in out
+
+
+def test_a_users_own_steps_multiplier_reranks(capsys):
+    advise.main(PAPER)
+    before = _rows(capsys.readouterr().out)
+    advise.main([*PAPER, "--steps-multiplier", "async=1.0", "--steps-multiplier", "qadam1=1.0"])
+    out = capsys.readouterr().out
+    after = _rows(out)
+    assert after[0][1] == advise.SELECT["async"]  # the fastest step, now taken to need no more steps
+    assert before[0][1] != after[0][1]
+    assert re.search(r"1\.00\*", out)  # a user's own multiplier is marked
+
+
+@pytest.mark.parametrize("bad", ["qadam", "qadam=0", "qadam=x", "nosuch=1.1", "qadam=inf"])
+def test_bad_steps_multipliers_are_named(bad, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        advise.main([*PAPER, "--steps-multiplier", bad])
+    assert exit_info.value.code == 2
+    assert "--steps-multiplier takes ALGORITHM=X with X > 0" in capsys.readouterr().err
 
 
 def test_json_output_matches_the_library(capsys):
