@@ -11,10 +11,10 @@ rank, loss curves over the whole run.
 
 Two measurements (``--measure``):
 
-* ``decay`` (default): 4 ranks, each in its own network namespace (``benchmarks/netns.py``), a
-  cosine decay to a tenth of the peak at DDP's last step (``--steps``), DDP's validation loss flat
-  by then (the report prints how much its last 20% of steps gained); the others train 1.5x as
-  many steps on the same schedule (a tenth of the peak after DDP's last step).
+* ``decay`` (default): 4 ranks, each in its own network namespace (``benchmarks/netns.py``) for
+  the timed steps, a cosine decay to a tenth of the peak at DDP's last step (800; the report
+  prints how much DDP's last 20% of steps gained); the others train 1.5x as many steps on the
+  same schedule (a tenth of the peak after DDP's last step).
 * ``constant``: 2 ranks, the peak rate throughout after warm-up (a run stopped early, or a schedule
   that never decays to zero, must not carry a hidden loss), on the first link only.
 
@@ -76,9 +76,9 @@ LM = ["--layers", "4", "--width", "128", "--heads", "4", "--context", "128", "--
 # each run: (flags for train_lm.py, ranks, steps, eval every, timing steps)
 RUNS = {
     # 0.84M parameters (3.4 MB of fp32 gradients) and ~1K tokens per rank and step: 4 ranks on 2
-    # cores train every variant within the benchmark's time; communication still matters at 100 Mbit/s
-    "decay": ([*LM, "--lr-schedule", "cosine"], 4, 1000, 25, 20),
-    "constant": ([*LM, "--lr-schedule", "constant"], 2, 1200, 50, 20),
+    # cores train every variant in about 80 minutes; communication still matters at 100 Mbit/s
+    "decay": ([*LM, "--lr-schedule", "cosine"], 4, 800, 25, 20),
+    "constant": ([*LM, "--lr-schedule", "constant"], 2, 800, 50, 20),
     "quick": (["--layers", "2", "--width", "64", "--heads", "2", "--context", "64", "--batch-size", "4",
                "--val-docs", "64", "--max-files", "150"], 4, 60, 20, 8),
 }  # fmt: skip
@@ -208,37 +208,95 @@ def analyse(jobs: dict[str, dict], links: list[str], steps: int, warmup: int, ti
             "ddp_last_20pct_gain": flattening(base["curve"])}
 
 
-def report(result: dict[str, Any]) -> float:
+def report(result: dict[str, Any]) -> tuple[str, float]:
+    """The run's tables (markdown) and its key ratio: at the last link, DDP's time to its target
+    over the fastest bagua algorithm's."""
     target, steps = result["target"], result["steps"]
-    print(f"\ntarget: torch DDP's validation loss after {steps} steps = {target:.4f} nats/byte "
-          f"(its last 20% of steps gained {result['ddp_last_20pct_gain']:.2%}; curves trained on {result['curve_link']}, "
-          f"deterministic variants timed on the other links)")
+    lines = [f"Target: torch DDP's validation loss after {steps} steps, {target:.4f} nats/byte (its last 20% of steps "
+             f"gained {result['ddp_last_20pct_gain']:.2%}). {result['ranks']} ranks, peak learning rate {result['lr']:g}, "
+             f"{result['date']}; curves trained on {result['curve_link']}, the deterministic variants timed on each link."]
     key = float("nan")
     longest = max(row["curve"][-1][0] for rows in result["table"].values() for row in rows.values())
     for link, rows in result["table"].items():
         ddp = rows[BASELINE]
         ddp_t = ddp["reached"][1] if ddp["reached"] else float("nan")
-        print(f"\n## {link}\n")
-        print(f"| variant | step (s) | MB sent per step | steps to target | x DDP steps | time to target (s) | DDP time / this | "
-              f"val loss at {steps} steps | vs DDP | final val loss ({longest} steps) | val loss at DDP's time |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        timed = link != result["curve_link"] or len(result["table"]) == 1
+        lines += ["", f"#### {link}" + ("" if timed else " (the curves; its times are not a link's)"), "",
+                  f"| variant | MB sent per step | step (s) | steps to target | x DDP's steps | time to target (s) | "
+                  f"DDP's time / this | val loss at {steps} steps | vs DDP | final val loss ({longest} steps) |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         speedups = []
         for spec, row in rows.items():
             hit = row["reached"]
-            steps_txt = f"{hit[0]}" if hit else f"not in {row['curve'][-1][0] / steps:.1f}x"
-            ratio_steps = f"{hit[0] / ddp['reached'][0]:.2f}" if hit and ddp["reached"] else "-"
-            time_txt = f"{hit[1]:.0f}" if hit else "-"
             speedup = ddp_t / hit[1] if hit and hit[1] > 0 else float("nan")
             if spec != BASELINE and hit:
                 speedups.append(speedup)
             sent = f"{row['bytes_per_step'] / 1e6:.2f}" if row.get("bytes_per_step") else "-"
-            gap = row["val_at_steps"] / target - 1
-            print(f"| {spec}{' (timed)' if row['timed_only'] else ''} | {row['step_s']:.3f} | {sent} | {steps_txt} | "
-                  f"{ratio_steps} | {time_txt} | {speedup:.2f}x | {row['val_at_steps']:.4f} | {gap:+.2%} | "
-                  f"{row['final']:.4f} | {row['val_at_ddp_time']:.4f} |")
+            to_target = f"{hit[0]}" if hit else f"not in {LONGER}x"
+            times = f"{hit[0] / ddp['reached'][0]:.2f}" if hit and ddp["reached"] else "-"
+            seconds = f"{hit[1]:.0f}" if hit else "-"
+            faster = f"{speedup:.2f}x" if timed and hit else "-"
+            lines.append(f"| {spec} | {sent} | {row['step_s']:.3f} | {to_target} | {times} | {seconds} | {faster} | "
+                         f"{row['val_at_steps']:.4f} | {row['val_at_steps'] / target - 1:+.2%} | {row['final']:.4f} |")
         key = max(speedups, default=float("nan"))
-    print(f"key ratio: at {list(result['table'])[-1]}, DDP's time to its target / the fastest bagua algorithm's = {key:.2f}x")
-    return key
+    lines.append(f"\nkey ratio: at {list(result['table'])[-1]}, DDP's time to its target / the fastest bagua "
+                 f"algorithm's = {key:.2f}x")
+    return "\n".join(lines), key
+
+
+MEASURED_MODULE = HERE.parent / "bagua" / "measured_accuracy.py"
+ADVISE_NAME = {"qadam1": "qadam-1bit"}  # bagua.advise's names of the variants whose names differ
+#: exact algorithms, bit-equal to torch DDP on 2 ranks (and within the last bits on more): the
+#: runs may leave them out, and bagua.advise takes torch DDP's figures for them
+EXACT_AS_DDP = ("gradient_allreduce",)
+
+
+def measured_module(result: dict[str, Any], results_file: str) -> str:
+    """The text of ``bagua/measured_accuracy.py``: each plain variant's steps to DDP's final loss
+    over DDP's (None: not within the run) and its loss at DDP's steps against DDP's, from the
+    curves of ``result`` (a decay run)."""
+    rows = dict(result["table"][result["curve_link"]])
+    last = list(result["table"])[-1]  # async trains on each link: its curve on the slowest
+    rows.update((spec, row) for spec, row in result["table"][last].items() if parse_variant(spec)[0] in TIMED_ON_EVERY_LINK)
+    ddp_steps = rows[BASELINE]["reached"][0]
+    measured = {}
+    for spec, row in rows.items():
+        name, options = parse_variant(spec)
+        if options:
+            continue  # an experiment's variant: not what the algorithm's defaults do
+        hit = row["reached"]
+        measured[ADVISE_NAME.get(name, name)] = {
+            "steps_multiplier": round(hit[0] / ddp_steps, 3) if hit else None,
+            "loss_vs_ddp": round(row["val_at_steps"] / result["target"] - 1, 4)}
+    for name in EXACT_AS_DDP:  # not trained again: torch DDP's figures (see EXACT_AS_DDP)
+        measured.setdefault(name, dict(measured[BASELINE]))
+    lines = [f"    {name!r}: {values!r}," for name, values in measured.items()]
+    workload = (f"the GPT-2 byte LM of benchmarks/time_to_accuracy.py ({result['ranks']} ranks, ~1K tokens per rank and "
+                f"step, AdamW {result['lr']:g}, cosine decay over DDP's {result['steps']} steps)")
+    return "\n".join([
+        '"""What each algorithm did to the training, measured: generated by ``benchmarks/time_to_accuracy.py``',
+        "from its results file (do not edit by hand). ``bagua.advise`` ranks the algorithms by it.",
+        "",
+        "``steps_multiplier``: steps to torch DDP's final validation loss over DDP's steps (None: not there",
+        f"within {LONGER}x DDP's steps); ``loss_vs_ddp``: the validation loss at DDP's last step, relative to DDP's.",
+        f"{', '.join(EXACT_AS_DDP)}: exact, bit-equal to torch DDP on 2 ranks (tests/algorithms/test_conformance.py),",
+        f"given torch DDP's figures where the run did not train it; {', '.join(sorted(TIMED_ON_EVERY_LINK))}: its run on "
+        f"{last}.",
+        "",
+        "Example::",
+        "",
+        "    from bagua.measured_accuracy import MEASURED",
+        '    MEASURED["qadam"]["steps_multiplier"]',
+        '"""',
+        "",
+        f"WORKLOAD = {workload!r}",
+        f"RESULTS = {results_file + ', ' + result['date']!r}",
+        f"LONGEST = {f'{LONGER}x'!r}",
+        "MEASURED = {",
+        *lines,
+        "}",
+        "",
+    ])
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -298,13 +356,86 @@ def run_driver(args: argparse.Namespace) -> int:
     result = analyse(jobs, links, steps, warmup=3, timing=timing_steps)
     result.update(ranks=ranks, run=args.run, lr=args.lr, model_flags=flags, elapsed_s=time.monotonic() - t0,
                   date=time.strftime("%Y-%m-%d %H:%M"), jobs=jobs)  # fmt: skip (jobs: every run as measured)
-    suffix = "" if args.run == "decay" else f"_{args.run}"
-    out = HERE / "results" / f"time_to_accuracy{suffix}{args.tag}.json"
+    return save(result, args)
+
+
+def results_path(run: str, tag: str = "") -> Path:
+    return HERE / "results" / f"time_to_accuracy{'' if run == 'decay' else '_' + run}{tag}.json"
+
+
+def save(result: dict[str, Any], args: argparse.Namespace) -> int:
+    """Write the results file and the plot, the reports (untagged runs), and print the tables."""
+    out = results_path(args.run, args.tag)
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
-    plot(result, HERE / "figures" / f"time_to_accuracy{suffix}{args.tag}.png")
-    report(result)
+    plot(result, HERE / "figures" / f"{out.stem}.png")
+    if not args.tag:
+        write_reports()
+    text, _ = report(result)
+    print("\n" + text)
     return 0
+
+
+def replace_curves(args: argparse.Namespace, other_path: Path) -> int:
+    """The run's results with the curves of the variants that ``other_path``'s run trained again
+    (its loopback job) in place of its own, analysed anew. Only where the two are the same run:
+    the same kind, learning rate and model, and torch DDP's curves equal value for value (the
+    same code and seeds train the same curve). The step times on the links stay this run's."""
+    mine, other = json.loads(results_path(args.run, args.tag).read_text()), json.loads(other_path.read_text())
+    same = all(mine[k] == other[k] for k in ("run", "lr", "model_flags", "ranks"))
+    ddp_mine, ddp_other = (r["jobs"][CURVES][BASELINE]["curve"] for r in (mine, other))
+    if not same or [row[4] for row in ddp_mine] != [row[4] for row in ddp_other]:
+        raise SystemExit(f"{other_path}: not the same run as {results_path(args.run, args.tag)} (its settings, or "
+                         f"torch DDP's curve, differ): its curves cannot stand in for this run's")
+    jobs = mine["jobs"]
+    replaced = [spec for spec in other["jobs"][CURVES] if spec != BASELINE]
+    for spec in replaced:
+        jobs[CURVES][spec] = other["jobs"][CURVES][spec]
+    _, _, steps, _, timing_steps = RUNS[mine["run"]]
+    result = analyse(jobs, [link for link in jobs if link != CURVES], steps, warmup=3, timing=timing_steps)
+    result.update({k: mine[k] for k in ("ranks", "run", "lr", "model_flags", "elapsed_s", "date")}, jobs=jobs,
+                  curves_replaced={"from": other_path.name, "date": other["date"], "variants": replaced})
+    return save(result, args)
+
+
+GUIDE = HERE.parent / "docs" / "convergence.md"
+BEGIN, END = "<!-- time_to_accuracy:begin -->", "<!-- time_to_accuracy:end -->"
+
+
+def generated() -> tuple[str, Optional[str]]:
+    """From the results files: the guide's generated part (both runs' tables and plots) and, from
+    the decay run, the text of ``bagua/measured_accuracy.py`` (None without one)."""
+    parts, module = [], None
+    for run, title in (("decay", "With the learning rate decayed (4 ranks as machines)"),
+                       ("constant", "At a constant learning rate (2 ranks)")):
+        path = results_path(run)
+        if not path.exists():
+            parts.append(f"### {title}\n\n(not measured yet: `python benchmarks/time_to_accuracy.py --measure {run}`)")
+            continue
+        result = json.loads(path.read_text())
+        text, _ = report(result)
+        if "curves_replaced" in result:
+            replaced = result["curves_replaced"]
+            text += (f"\n\nThe curves of {', '.join(replaced['variants'])} are those of a second run of the same settings "
+                     f"({replaced['from']}, {replaced['date']}), which evaluated the replicas' average; torch DDP's curve "
+                     f"was the same in both, value for value.")
+        parts.append(f"### {title}\n\n_Generated from `benchmarks/results/{path.name}` by `python "
+                     f"benchmarks/time_to_accuracy.py --report`._\n\n![validation loss](../benchmarks/figures/{path.stem}.png)"
+                     f"\n\n{text}")
+        if run == "decay":
+            module = measured_module(result, f"benchmarks/results/{path.name}")
+    return "\n\n".join(parts), module
+
+
+def write_reports() -> None:
+    """Write ``generated()`` into the guide (between its markers) and ``bagua/measured_accuracy.py``,
+    which ``bagua.advise`` ranks by."""
+    guide, module = generated()
+    if module is not None:
+        MEASURED_MODULE.write_text(module)
+    from benchmarks.tradeoff_report import replace_section  # (imports bagua.advise, which reads the module)
+
+    replace_section(GUIDE, guide, BEGIN, END)
 
 
 def main(argv=None) -> int:
@@ -321,6 +452,11 @@ def main(argv=None) -> int:
     parser.add_argument("--tag", default="", help="appended to the results' file names (an experiment's own)")
     parser.add_argument("--timeout", type=float, default=7200.0, help="per link job, seconds")
     parser.add_argument("--cache-dir", default="/tmp/bagua-tta-cache")
+    parser.add_argument("--replace-curves", type=Path, metavar="RESULTS_JSON",
+                        help="put the curves another run of the same settings trained (its loopback job) in place of "
+                             "this run's (--measure, --tag), analyse again and rewrite its results")
+    parser.add_argument("--report", action="store_true",
+                        help="only rewrite the guide's tables and bagua/measured_accuracy.py from the results files")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--link", help=argparse.SUPPRESS)
     parser.add_argument("--steps", nargs="+", type=int, help=argparse.SUPPRESS)
@@ -336,6 +472,11 @@ def main(argv=None) -> int:
         parser.error(f"--variants must include {BASELINE}: it sets the target")
     if args.tag and not re.fullmatch(r"[A-Za-z0-9_-]+", args.tag):
         parser.error(f"--tag takes letters, digits, - and _, got {args.tag!r}")
+    if args.report:
+        write_reports()
+        return 0
+    if args.replace_curves is not None:
+        return replace_curves(args, args.replace_curves)
     return run_worker(args) if args.worker else run_driver(args)
 
 

@@ -364,12 +364,12 @@ def plot_paper(fit: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def replace_section(path: Path, text: str) -> None:
-    """Put ``text`` between the markers in ``path`` (appended with them if absent)."""
+def replace_section(path: Path, text: str, begin: str = BEGIN, end: str = END) -> None:
+    """Put ``text`` between the markers ``begin`` and ``end`` in ``path`` (appended with them if absent)."""
     body = path.read_text() if path.exists() else ""
-    block = f"{BEGIN}\n{text.strip()}\n{END}"
-    if BEGIN in body and END in body:
-        body = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, body, flags=re.S)
+    block = f"{begin}\n{text.strip()}\n{end}"
+    if begin in body and end in body:
+        body = re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: block, body, flags=re.S)
     else:
         body = body.rstrip("\n") + "\n\n" + block + "\n"
     path.write_text(body)
@@ -475,12 +475,15 @@ def accuracy_markdown(path: Path = HERE / "results" / "time_to_accuracy.json") -
     rows_in = tta["table"][tta["curve_link"]]
     inverse = {v: k for k, v in ADVISE_NAME.items()}
     base = rows_in["torch-ddp"]["val_at_steps"]
-    rows = [[LABELS[inverse.get(name, name)],
-             str(row["reached"][0]) if row["reached"] else f"not in {row['curve'][-1][0]}",
+    ddp_steps = rows_in["torch-ddp"]["reached"][0]
+    rows = [[LABELS.get(inverse.get(name, name), f"bagua {name}"),
+             f"{row['reached'][0]} ({row['reached'][0] / ddp_steps:.2f}x)" if row["reached"]
+             else f"not in {row['curve'][-1][0]}",
              f"{row['val_at_steps']:.4f}", f"{(row['val_at_steps'] / base - 1) * 100:+.1f}%"] for name, row in rows_in.items()]
-    return (f"The accuracy side (`benchmarks/time_to_accuracy.py`, {tta['date']}, {tta['ranks']} ranks, the same LM at "
-            f"its full size): steps to torch DDP's validation loss after {tta['steps']} steps "
-            f"({tta['target']:.4f} nats/byte), and each one's loss after {tta['steps']} steps.\n\n"
+    return (f"The accuracy side (`benchmarks/time_to_accuracy.py`, {tta['date']}, {tta['ranks']} ranks, the LM of "
+            f"[convergence.md](convergence.md): 0.84M parameters, ~1K tokens per rank and step, cosine decay): steps to "
+            f"torch DDP's validation loss after its {tta['steps']} steps ({tta['target']:.4f} nats/byte), and each one's "
+            f"loss after {tta['steps']} steps.\n\n"
             + _table(["variant", "steps to DDP's loss", f"loss after {tta['steps']} steps", "vs DDP"], rows))
 
 

@@ -1,10 +1,11 @@
-"""Checking and averaging the model replicas of all ranks, for the examples' final evaluation.
+"""Checking and averaging the model replicas of all ranks, for the examples' evaluations.
 
 Example::
 
     from replicas import parameters_identical_on_all_ranks, average_parameters
     if not parameters_identical_on_all_ranks(list(model.parameters())):
         average_parameters(list(model.parameters()))
+    evaluate(averaged_copy(model, shadow))     # mid-training: the replicas' average, the replicas kept
 """
 
 from __future__ import annotations
@@ -29,3 +30,14 @@ def average_parameters(params: list[torch.Tensor]) -> None:
     """One exact average of the weights over all ranks (for algorithms that leave them apart)."""
     for p in params:
         bagua.comm.allreduce(p, op=bagua.comm.ReduceOp.AVG)
+
+
+@torch.no_grad()
+def averaged_copy(model: torch.nn.Module, shadow: torch.nn.Module) -> torch.nn.Module:
+    """``shadow`` (a copy of ``model``'s architecture, e.g. ``copy.deepcopy(model)``) holding the
+    average over all ranks of ``model``'s weights, ``model`` untouched: what stopping the run
+    here and averaging the replicas would give."""
+    for mine, theirs in zip(model.parameters(), shadow.parameters()):
+        theirs.copy_(mine)
+    average_parameters(list(shadow.parameters()))
+    return shadow

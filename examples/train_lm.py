@@ -20,8 +20,8 @@ It shows a progress bar with tokens/s, the validation loss and perplexity every
 ``--eval-every`` steps with the bytes each step sent, a final line with the validation loss and
 the wall time, and with ``--plot`` a loss-versus-time plot in ``--out-dir`` (beside the curve's
 CSV). Validation runs on a fixed set of held-out documents split across ranks; for algorithms that
-leave replicas apart (decentralized, async) each rank evaluates its own replica on its share
-during training, and the final loss is that of the replicas' average.
+leave replicas apart (decentralized, low_precision_decentralized, async) every evaluation is of the
+replicas' average (what stopping the run there would give), the replicas themselves kept.
 """
 
 from __future__ import annotations
@@ -42,11 +42,12 @@ import torch.nn.functional as F
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from replicas import average_parameters, parameters_identical_on_all_ranks  # noqa: E402
+from replicas import average_parameters, averaged_copy, parameters_identical_on_all_ranks  # noqa: E402
 from stdlib_corpus import VOCAB, StdlibDocuments, pad_batch  # noqa: E402
 
 import bagua  # noqa: E402
 
+REPLICAS_APART = ("decentralized", "low_precision_decentralized", "async")  # evaluated as the replicas' average
 ALGORITHMS = ("gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized", "async", "qadam",
               "qadam1", "onebit_grad")  # qadam1: qadam with a 1-bit momentum (bits=1)
 BASELINE = "torch-ddp"  # torch.nn.parallel.DistributedDataParallel on the same loop, to compare with
@@ -246,6 +247,9 @@ def train(args: argparse.Namespace, log=print) -> dict:
     batches, epoch_setter = batch_sampler(args, train_set, lengths, rank, world)
     loader = DataLoader(train_set, batch_sampler=batches, collate_fn=pad_batch)
     model = build_model(args)
+    # receives the replicas' average for evaluations (built as the model is: the same seeded draws,
+    # so the training that follows draws the same dropout masks as without it)
+    shadow = build_model(args) if args.algorithm in REPLICAS_APART else None
     opt = make_optimizer(args, model)
     step_fn = opt.step if args.no_fuse else opt.fuse_step
     scheduler = schedule(args, opt)
@@ -262,7 +266,11 @@ def train(args: argparse.Namespace, log=print) -> dict:
     log(f"stdlib LM: {len(train_set)} train / {len(val_set)} val documents, {params / 1e6:.2f}M parameters, "
         f"world {world}, algorithm {args.algorithm}, sampler {args.sampler}")  # fmt: skip
 
-    curve = [(0, 0.0, 0, float("nan"), validation_loss(model, val_set, args.val_docs, rank, world))]
+    def evaluate() -> float:
+        judged = model if shadow is None else averaged_copy(model, shadow)
+        return validation_loss(judged, val_set, args.val_docs, rank, world)
+
+    curve = [(0, 0.0, 0, float("nan"), evaluate())]
     log(f"step {0:5d}  val loss {curve[0][4]:.4f}  ppl {math.exp(curve[0][4]):.1f}")
     step, epoch, tokens, padded, start = 0, 0, 0, 0, time.perf_counter()
     sent_before = bagua.comm.bytes_sent()  # what this rank's bagua communication sent (not torch DDP's)
@@ -285,7 +293,7 @@ def train(args: argparse.Namespace, log=print) -> dict:
             bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{tokens * world / max(elapsed, 1e-9):.0f}")
             if step % args.eval_every == 0 or step == args.steps:
                 t0 = time.perf_counter()
-                val = validation_loss(model, val_set, args.val_docs, rank, world)
+                val = evaluate()
                 seen = torch.tensor([tokens, padded], dtype=torch.float64)
                 bagua.comm.allreduce(seen, op=bagua.comm.ReduceOp.SUM)
                 curve.append((step, elapsed, int(seen[0]), loss.item(), val))
