@@ -51,12 +51,12 @@ class ByteGradAlgorithm(GradientAllReduceAlgorithm):
     def __init__(self, hierarchical: bool = False, average: bool = True, block_size: int = 1024,
                  error_feedback: bool = False):
         super().__init__(hierarchical, average)
-        self.codec = MinMaxUInt8(block_size)  # checks block_size
+        self._codec = MinMaxUInt8(block_size)  # checks block_size
         self.block_size = block_size
         self.error_feedback = bool(error_feedback)
 
     def reify(self, process_group: BaguaProcessGroup) -> AlgorithmImpl:
         if self.error_feedback:
-            return CompressedGradientImpl(process_group, self.hierarchical, self.average, self.codec, error_feedback=True,
-                                          warmup_steps=0, name="bytegrad", log=logger)
-        return GradientAllReduceImpl(process_group, self.hierarchical, self.average, self.codec)
+            return CompressedGradientImpl(process_group, self.hierarchical, self.average, self._codec, warmup_steps=0,
+                                          name="bytegrad", log=logger)
+        return GradientAllReduceImpl(process_group, self.hierarchical, self.average, self._codec)

@@ -82,10 +82,9 @@ class OneBitGradAlgorithm(Algorithm):
         self.warmup_steps = warmup_steps
         self.hierarchical = bool(hierarchical)
         self.average = bool(average)
-        self.codec = Sign1(block_size)  # checks block_size
+        self._codec = Sign1(block_size)  # checks block_size
         self.block_size = block_size
 
     def reify(self, process_group: BaguaProcessGroup) -> AlgorithmImpl:
-        return OneBitGradImpl(process_group, self.hierarchical, self.average, self.codec, error_feedback=True,
-                              warmup_steps=self.warmup_steps, name="onebit_grad", log=logger)
-
+        return OneBitGradImpl(process_group, self.hierarchical, self.average, self._codec, warmup_steps=self.warmup_steps,
+                              name="onebit_grad", log=logger)
