@@ -141,7 +141,7 @@ class MomentumBucket:
         #: whether the average in flight or arrived tells the averaged gradient: ``write_back``
         #: then updates the variance from it and the momentum before this step (``previous``)
         self.tracking = False
-        self.previous: Optional[torch.Tensor] = None
+        self.previous: list[torch.Tensor] = []  # views of one buffer in ``flat``'s layout (allocated by the first)
 
     def residuals(self, provisional: bool) -> Optional[ErrorFeedback]:
         """The residuals an allreduce of ``flat`` runs on: the kept ones, or (``provisional``, a
@@ -173,11 +173,12 @@ class MomentumBucket:
     def remember(self) -> None:
         """Keep each momentum as the last step left it (the average before this step's), into
         ``previous``: before the step changes it, for a tracking ``write_back``."""
-        if self.previous is None:
-            self.previous = torch.empty_like(self.flat)
+        if not self.previous:
+            buffer = torch.empty_like(self.flat)
+            self.previous = [buffer[start:start + view.numel()].view(view.shape) for start, view in zip(self.starts, self.views)]
         state = self.optimizer.state
-        for (p, _), start, view in zip(self.members, self.starts, self.views):
-            self.previous[start:start + view.numel()].view(view.shape).copy_(state[p]["exp_avg"])
+        for (p, _), previous in zip(self.members, self.previous):
+            previous.copy_(state[p]["exp_avg"])
 
     def finite(self) -> bool:
         """Whether every averaged ratio is finite (NaN or Inf on any rank makes its block NaN);
@@ -208,9 +209,9 @@ class MomentumBucket:
             # this member's own (the same bits as the kept ones): an earlier bucket's write-back changed v
             # elsewhere in a fused optimizer's buffer, and the kept ones would be computed anew for all of it
             view.mul_(self.optimizer.denominator(p, group, t))
-        for (p, group), start, view in zip(self.members, self.starts, self.views):
+        for (p, group), view, previous in zip(self.members, self.views, self.previous):
             m = state[p]["exp_avg"]
-            averaged_gradient(view, self.previous[start:start + view.numel()].view(view.shape), group["betas"][0], out=m)
+            averaged_gradient(view, previous, group["betas"][0], out=m)
             update_variance(state[p]["exp_avg_sq"], m, group["betas"][1])
             m.copy_(view)
 
