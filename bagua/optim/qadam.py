@@ -246,9 +246,11 @@ class QAdamOptimizer(torch.optim.Optimizer):
     def __setstate__(self, state: dict) -> None:
         step_count = state.pop("step_count", None)  # absent when torch's load_state_dict calls us
         variance_updates = state.pop("variance_updates", None)
+        if step_count is not None:  # unpickled (or deep-copied); pickled before the variance could be tracked: frozen
+            state = {"variance": "frozen", "variance_floor": VARIANCE_FLOOR, **state}
         super().__setstate__(state)
-        if step_count is not None:  # unpickled (or deep-copied): not attached to any algorithm
-            self._init_runtime(step_count, variance_updates if variance_updates is not None else step_count)
+        if step_count is not None:  # not attached to any algorithm
+            self._init_runtime(step_count, _saved_variance_updates(variance_updates, step_count, self.warmup_steps))
 
     def state_dict(self) -> dict[str, Any]:
         """torch's optimizer state dict plus ``"step_count"`` and ``"variance_updates"``."""
@@ -264,8 +266,7 @@ class QAdamOptimizer(torch.optim.Optimizer):
                 "QAdamOptimizer.state_dict(), or add state_dict['step_count'] = <steps taken>."
             )
         step_count = int(state_dict["step_count"])
-        # a state saved before the variance could be tracked: updated until warm-up's end
-        variance_updates = int(state_dict.get("variance_updates", min(step_count, self.warmup_steps)))
+        variance_updates = _saved_variance_updates(state_dict.get("variance_updates"), step_count, self.warmup_steps)
         super().load_state_dict({k: v for k, v in state_dict.items() if k not in ("step_count", "variance_updates")})
         self.step_count, self.variance_updates = step_count, variance_updates
         self._floor_pending = False  # a state saved after a step is already floored
@@ -346,6 +347,12 @@ class QAdamOptimizer(torch.optim.Optimizer):
         return loss
 
 
+def _saved_variance_updates(saved: Optional[int], step_count: int, warmup_steps: int) -> int:
+    """``variance_updates`` as saved, or for a state saved before the variance could be tracked
+    (it froze at warm-up's end) the warm-up steps taken."""
+    return int(saved) if saved is not None else min(step_count, warmup_steps)
+
+
 @torch.no_grad()
 def _floor_variance(optimizer: QAdamOptimizer, args: tuple, kwargs: dict) -> None:
     """Step post hook: after the last warm-up step, and after each later step that updated the
@@ -356,8 +363,8 @@ def _floor_variance(optimizer: QAdamOptimizer, args: tuple, kwargs: dict) -> Non
     variances = [optimizer.state[p]["exp_avg_sq"] for group in optimizer.param_groups for p in group["params"]]
     if optimizer.step_count > optimizer.warmup_steps:  # floored before: no coordinate without an estimate
         for v in variances:
-            if v.numel():
-                v.clamp_(min=optimizer.variance_floor * float(v.mean()))
+            if v.numel():  # (a tensor bound: no wait for the device per tensor)
+                v.clamp_(min=v.mean() * optimizer.variance_floor)
         optimizer._denominators.clear()
         return
     known = [int(torch.count_nonzero(v)) for v in variances]
