@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 
 from ..comm import BaguaProcessGroup
-from ..comm.compression import MinMaxUInt8
+from ..comm.compression import Codec, MinMaxUInt8
 from .base import Algorithm, AlgorithmImpl
 from .compressed_gradients import CompressedGradientImpl
 from .gradient_allreduce import GradientAllReduceAlgorithm, GradientAllReduceImpl
@@ -54,6 +54,11 @@ class ByteGradAlgorithm(GradientAllReduceAlgorithm):
         self._codec = MinMaxUInt8(block_size)  # checks block_size
         self.block_size = block_size
         self.error_feedback = bool(error_feedback)
+
+    @property
+    def codec(self) -> Codec:
+        """The codec of every byte sent after the warm-up (``bagua.comm_hooks`` sends the same)."""
+        return self._codec
 
     def reify(self, process_group: BaguaProcessGroup) -> AlgorithmImpl:
         if self.error_feedback:

@@ -12,7 +12,9 @@ Example::
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
+
+import torch
 
 from ..comm import (
     BaguaProcessGroup, Bucket, ErrorFeedback, Handle, NodeGroups, ReduceOp, allreduce, compressed_allreduce,
@@ -33,11 +35,26 @@ def allreduce_bucket(bucket: Bucket, process_group: BaguaProcessGroup, op: Reduc
                      node_groups: Optional[NodeGroups] = None, compression: Optional[Union[str, Codec]] = None,
                      segment_elems: int = SEGMENT_ELEMS, error_feedback: Optional[ErrorFeedback] = None,
                      ) -> Optional[Handle]:
-    """Allreduce ``bucket``'s flat buffer now: flat, or hierarchical over ``node_groups``; exact
-    (returns the collective's handle) or compressed (with ``error_feedback``'s residuals, if
-    given). A compressed one quantizes each tensor of the bucket on its own blocks, so neither the
-    bucket's other tensors nor ``segment_elems`` (the pipelining of the compressed allreduce)
-    change its result.
+    """``allreduce_flat`` of ``bucket``'s flat buffer, its tensors beginning at the bucket's offsets.
+
+    Example::
+
+        bucket.append_op(lambda b: allreduce_bucket(b, group, ReduceOp.AVG, compression="minmax_uint8"))
+    """
+    return allreduce_flat(bucket.flat, bucket.offsets, process_group, op, node_groups, compression, segment_elems,
+                          error_feedback)
+
+
+def allreduce_flat(flat: torch.Tensor, starts: Sequence[int], process_group: BaguaProcessGroup, op: ReduceOp,
+                   node_groups: Optional[NodeGroups] = None, compression: Optional[Union[str, Codec]] = None,
+                   segment_elems: int = SEGMENT_ELEMS, error_feedback: Optional[ErrorFeedback] = None,
+                   ) -> Optional[Handle]:
+    """Allreduce the flat buffer of several tensors (beginning at ``starts``) now: flat, or
+    hierarchical over ``node_groups``; exact (returns the collective's handle) or compressed (with
+    ``error_feedback``'s residuals, if given). A compressed one quantizes each tensor on its own
+    blocks, so neither the buffer's other tensors nor ``segment_elems`` (the pipelining of the
+    compressed allreduce) change its result: a wrapper bucket and a torch DDP bucket holding a
+    tensor give it the same bits.
 
     NaN and Inf come out on every rank, compressed or not (as an exact allreduce gives them), so
     that a loss scaler (``torch.amp.GradScaler``) sees an overflow on any rank and skips the step
@@ -45,16 +62,16 @@ def allreduce_bucket(bucket: Bucket, process_group: BaguaProcessGroup, op: Reduc
 
     Example::
 
-        bucket.append_op(lambda b: allreduce_bucket(b, group, ReduceOp.AVG, compression="minmax_uint8"))
+        allreduce_flat(bucket.buffer(), offsets, group, ReduceOp.AVG, compression="sign1", error_feedback=state)
     """
     if node_groups is not None:
-        return hierarchical_allreduce(bucket.flat, op=op, compression=compression, groups=node_groups,
-                                      nonfinite="propagate", starts=bucket.offsets, segment_elems=segment_elems,
+        return hierarchical_allreduce(flat, op=op, compression=compression, groups=node_groups,
+                                      nonfinite="propagate", starts=starts, segment_elems=segment_elems,
                                       error_feedback=error_feedback)
     if compression is not None:
-        return compressed_allreduce(bucket.flat, op=op, codec=compression, group=process_group, nonfinite="propagate",
-                                    starts=bucket.offsets, segment_elems=segment_elems, error_feedback=error_feedback)
-    return allreduce(bucket.flat, op=op, group=process_group, async_op=True)
+        return compressed_allreduce(flat, op=op, codec=compression, group=process_group, nonfinite="propagate",
+                                    starts=starts, segment_elems=segment_elems, error_feedback=error_feedback)
+    return allreduce(flat, op=op, group=process_group, async_op=True)
 
 
 def append_gradient_allreduce(

@@ -236,7 +236,8 @@ def init_process_group(
     ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``); a launcher that knows it otherwise
     (Lightning's cluster environments) passes ``rank``, ``world_size``, ``local_rank``,
     ``local_world_size``, ``master_addr`` and ``master_port``, which take precedence. Without
-    either the process forms a world of one (rank 0). A ``store`` (a ``torch.distributed.Store``
+    either the process forms a world of one (rank 0). Where ``torch.distributed`` is initialized
+    already (a torch DDP job), bagua joins its default group and needs no address. A ``store`` (a ``torch.distributed.Store``
     every rank reaches) replaces the address: the ranks meet through it, and ``rank`` and
     ``world_size`` must then be given. Calling it twice is an error.
 
@@ -282,7 +283,7 @@ def init_process_group(
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
     master_addr = master_addr if master_addr is not None else os.environ.get("MASTER_ADDR")
     master_port = _given_or_env("master_port", master_port, "MASTER_PORT", 0)
-    if store is None and (not master_addr or not master_port):
+    if store is None and (not master_addr or not master_port) and not dist.is_initialized():
         name = "MASTER_ADDR" if not master_addr else "MASTER_PORT"
         raise ValueError(
             f"environment variable {name} is not set; launch with torchrun, set it, or pass "
