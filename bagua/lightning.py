@@ -48,7 +48,7 @@ from bagua import comm
 from bagua.algorithms import Algorithm, QAdamAlgorithm
 from bagua.algorithms.base import check_options, resolve
 
-__all__ = ["BaguaStrategy"]
+__all__ = ["BaguaStrategy", "CommHook"]
 
 
 class BaguaStrategy(DDPStrategy):
@@ -277,6 +277,51 @@ class BaguaStrategy(DDPStrategy):
                 self.model = self.lightning_module
         self._failed = False
         super().teardown()
+
+
+class CommHook(pl.Callback):
+    """Bagua's compression for Lightning's own ``DDPStrategy``: ``bagua.comm_hooks``' hook on the
+    torch ``DistributedDataParallel`` it builds, registered at the start of ``fit``.
+
+    On CUDA, ``DDPStrategy(ddp_comm_state=state, ddp_comm_hook=bagua.comm_hooks.compressed_hook)``
+    does the same; Lightning registers a strategy's hook on CUDA only, this callback on any device.
+    Its state (steps, error-feedback residuals) goes into Lightning's checkpoints, which rank 0
+    writes: on resume the other ranks' residuals restart at zero, with a warning.
+
+    Args:
+        algorithm, **options: as ``bagua.comm_hooks.CompressionHookState`` (checked here, before
+            any rank starts).
+
+    Example::
+
+        trainer = pl.Trainer(strategy="ddp", callbacks=[CommHook("bytegrad")], devices=2)
+    """
+
+    def __init__(self, algorithm: str = "bytegrad", **options: Any) -> None:
+        from bagua.comm_hooks import CompressionHookState
+
+        self.hook_state = CompressionHookState(algorithm, **options)
+
+    def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        from torch.nn.parallel import DistributedDataParallel as TorchDDP
+
+        from bagua.comm_hooks import compressed_hook
+
+        model = trainer.strategy.model
+        if not isinstance(model, TorchDDP):
+            raise TypeError(
+                f"CommHook needs Lightning's DDPStrategy (strategy='ddp'), whose model is torch's "
+                f"DistributedDataParallel; got {type(trainer.strategy).__name__} with a {type(model).__name__}"
+                + (" (BaguaStrategy takes the algorithm itself: BaguaStrategy(algorithm=...))"
+                   if isinstance(trainer.strategy, BaguaStrategy) else ""))
+        self.hook_state.name_parameters(pl_module)
+        model.register_comm_hook(self.hook_state, compressed_hook)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.hook_state.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.hook_state.load_state_dict(state_dict)
 
 
 def _bagua_group(group: Any) -> comm.BaguaProcessGroup:

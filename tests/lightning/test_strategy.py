@@ -22,7 +22,7 @@ ALGORITHMS = ["gradient_allreduce", "bytegrad", "decentralized", "low_precision_
 SYNCHRONOUS = {"gradient_allreduce", "bytegrad", "qadam"}
 SCENARIOS = [f"algo_{name}" for name in ALGORITHMS] + [
     "by_name", "resume_sgd", "resume_qadam", "switch_algorithm", "accumulate", "manual", "bf16", "raises",
-    "qadam_wrong_optimizer", "collectives", "autotune",
+    "qadam_wrong_optimizer", "collectives", "autotune", "ddp_comm_hook",
 ]
 
 
@@ -138,6 +138,15 @@ def test_gradient_accumulation_communicates_once_per_optimizer_step(results):
     assert max_difference(accumulated["weights"], rank1["accumulated"]["weights"]) == 0.0
 
 
+def test_lightnings_own_ddp_strategy_with_bagua_hook_sends_bytegrads_bits(results):
+    rank0, rank1 = results("ddp_comm_hook")
+    assert_trained(rank0)
+    assert rank0["hook_steps"] == len(rank0["losses"]) and rank0["bytes"] > 0  # the hook averaged every step
+    assert max_difference(rank0["weights"], rank1["weights"]) == 0.0
+    # torch DDP + the hook, and BaguaStrategy("bytegrad"): the same fit to the last bit
+    assert max_difference(rank0["weights"], results("algo_bytegrad")[0]["weights"]) == 0.0
+
+
 def test_manual_optimization_with_two_backwards_per_step(results):
     rank0, rank1 = results("manual")
     assert_trained(rank0)
@@ -198,6 +207,14 @@ def test_bad_arguments_fail_before_launch():
         BaguaStrategy(GradientAllReduceAlgorithm(), hierarchical=True)
     with pytest.raises(TypeError, match=r"'warmup': it is no option of algorithm 'qadam'"):
         BaguaStrategy("qadam", warmup=10)
+    # bad values too, naming the option, the value and the choices, before any rank starts
+    with pytest.raises(ValueError, match=r"BaguaStrategy: peer_selection_mode must be one of \['all', 'shift_one'\], "
+                                         r"got 'everyone'"):
+        BaguaStrategy(algorithm="decentralized", peer_selection_mode="everyone")
+    with pytest.raises(ValueError, match=r"BaguaStrategy: QAdamAlgorithm: bits must be one of \[8, 1\].*got 3"):
+        BaguaStrategy("qadam", bits=3)
+    with pytest.raises(ValueError, match="BaguaStrategy: block_size must be a power of two"):
+        BaguaStrategy("bytegrad", block_size=3)
     with pytest.raises(TypeError, match="must be a name"):
         BaguaStrategy(3)
     with pytest.raises(ValueError, match="bucket_size_bytes must be a positive int"):
