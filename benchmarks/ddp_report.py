@@ -28,6 +28,8 @@ BUFFER_VARIANTS = ("ddp-bn", "ddp-bn-nobuf", "gradient_allreduce-bn", "gradient_
 # family, against which qadam's step differs by its communication alone.
 QADAM_VARIANTS = ("qadam-overlap", "qadam-nooverlap", "qadam-clip", "qadam-nooverlap-clip", "qadam1",
                   "qadam1-nooverlap", "bytegrad-adam")
+# torch's own DDP wrapper with bagua's compression as its communication hook (bagua.comm_hooks)
+HOOK_VARIANTS = ("ddp-bytegrad-hook", "ddp-onebit-hook")
 NETWORK_VARIANTS = (
     "ddp", "ddp-fp16", "gradient_allreduce", "bytegrad", "decentralized",
     "low_precision_decentralized", "async", "qadam", "onebit_grad",
@@ -36,6 +38,8 @@ LABELS = {
     "ddp": "torch DDP fp32",
     "ddp-10MB": "torch DDP fp32, 10MB buckets",
     "ddp-fp16": "torch DDP fp16 hook",
+    "ddp-bytegrad-hook": "torch DDP + bagua.comm_hooks bytegrad (8-bit)",
+    "ddp-onebit-hook": "torch DDP + bagua.comm_hooks onebit_grad (1 bit)",
     "gradient_allreduce": "bagua gradient_allreduce",
     "gradient_allreduce-10MB": "bagua gradient_allreduce, 10MB buckets",
     "bytegrad": "bagua bytegrad",
@@ -173,6 +177,20 @@ def key_summary(jobs: list[dict[str, Any]], gpu: Optional[dict[str, Any]]) -> tu
                 key["bytegrad_speedup_100mbit"] = sp
                 ok = "met" if sp >= 3.0 else "NOT met"
                 parts.append(f"100mbit DDP fp32/bytegrad epoch {sp:.2f}x (target >=3x: {ok})")
+        for hook, native, target in (("ddp-bytegrad-hook", "bytegrad", 3.5), ("ddp-onebit-hook", "onebit_grad", 8.0)):
+            if "ddp" in vs and hook in vs:
+                sp = vs["ddp"]["epoch_s"] / vs[hook]["epoch_s"]
+                key[f"{hook}_speedup_{j['setting']}_x{j['world']}"] = sp
+                vs_native = ""
+                if native in vs:
+                    r = vs[hook]["epoch_s"] / vs[native]["epoch_s"]
+                    key[f"{hook}_over_{native}_{j['setting']}_x{j['world']}"] = r
+                    vs_native = f", {r:.3f}x bagua {native}'s epoch (target <= 1.05)" if hook.startswith("ddp-byte") \
+                        else f", {r:.3f}x bagua {native}'s epoch"
+                lines.append(f"  {j['setting']} x{j['world']}: DDP fp32 / {LABELS[hook]} epoch {sp:.2f}x{vs_native}")
+                if j["setting"] == "100mbit":
+                    parts.append(f"100mbit x{j['world']} DDP fp32/{hook} epoch {sp:.2f}x "
+                                 f"(target >={target:g}x: {'met' if sp >= target else 'NOT met'})")
         if "ddp" in vs and "onebit_grad" in vs:
             sp = vs["ddp"]["epoch_s"] / vs["onebit_grad"]["epoch_s"]
             compute = (f"; its step is {vs['local']['step_s'] / vs['onebit_grad']['step_s']:.0%} compute "

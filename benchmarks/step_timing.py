@@ -10,6 +10,8 @@ to the next (A B C ..., then B C ... A) so that drifts in machine load hit them 
 ddp                   ``torch.nn.parallel.DistributedDataParallel`` (bucket_cap_mb=25, default)
 ddp-10MB              the same with bucket_cap_mb=10
 ddp-fp16              torch DDP + ``default_hooks.fp16_compress_hook``
+ddp-bytegrad-hook     torch DDP + ``bagua.comm_hooks.register(model, "bytegrad")`` (no bagua wrapper)
+ddp-onebit-hook       torch DDP + ``bagua.comm_hooks.register(model, "onebit_grad", warmup_steps=warmup)``
 <algorithm>           ``bagua.DistributedDataParallel(..., algorithm=<algorithm>)``; qadam takes its
                       ``QAdamOptimizer``, async averages every ``async_interval_ms`` from step 0
 <name>-10MB           the same with ``bucket_size_bytes=10 MiB`` (default: 25 MiB, as torch DDP)
@@ -71,6 +73,7 @@ class Variant:
 
         self.name = name
         self.is_torch = name.startswith("ddp")
+        self.is_hook = name.endswith("-hook")  # torch DDP with a bagua.comm_hooks hook: bagua counts its bytes
         self.is_local = name == "local"
         self.algo = None
         self.opt = optimizer
@@ -88,6 +91,12 @@ class Variant:
                 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
                 self.model.register_comm_hook(state=None, hook=default_hooks.fp16_compress_hook)
+            elif self.is_hook:
+                algorithm = {"ddp-bytegrad-hook": "bytegrad", "ddp-onebit-hook": "onebit_grad"}[name]
+                options = {"warmup_steps": warmup} if algorithm == "onebit_grad" else {}
+                import bagua.comm_hooks
+
+                bagua.comm_hooks.register(self.model, algorithm, **options)
         else:
             base = name.split("-")[0]
             if base in ("qadam", "qadam1"):
@@ -253,10 +262,10 @@ def time_interleaved(variants: Sequence[Variant], batches: Sequence, warmup: int
         med, p25, p75, epoch, b, w, last = agg[K * i: K * i + K]
         rows[v.name] = {
             "step_s": med, "p25_s": p25, "p75_s": p75, "epoch_s": epoch,
-            "bagua_sent_per_step": None if v.is_torch else b,
+            "bagua_sent_per_step": None if v.is_torch and not v.is_hook else b,
             "bytes_sent_last_step": None if v.is_torch or v.is_local or last < 0 else last,
             "ring_formula_per_step": (2 * (world - 1) / world * v.grad_bytes * (0.5 if v.name == "ddp-fp16" else 1.0))
-            if v.is_torch else None,
+            if v.is_torch and not v.is_hook else None,
             "wire_per_step": w if w >= 0 else None,
             "blocks_s": block_t[v.name],
             "grad_bytes": v.grad_bytes,
