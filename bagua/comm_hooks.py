@@ -199,10 +199,11 @@ class CompressionHookState:
                 handle.wait()
             return flat
 
-        future: torch.futures.Future = torch.futures.Future()
-        if flat.device.type != "cpu":
+        if flat.device.type != "cpu":  # a future of CUDA tensors names their device (its stream sync)
+            future: torch.futures.Future = torch.futures.Future(devices=[flat.device])
             future.set_result(run())
             return future
+        future = torch.futures.Future()
         if self._worker is None:
             self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="bagua-comm-hook")
         done = self._worker.submit(run)

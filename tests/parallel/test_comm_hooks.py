@@ -5,6 +5,7 @@ state, and moves the bytes the codec promises."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -18,9 +19,10 @@ STEPS = 6
 SPLIT = 3  # the resumed run stops and restarts after this many steps
 
 
-def _torch_ddp(options: dict, bucket_cap_mb: float = 0.004):
-    model = make_model(width=256)  # 4.6k parameters: several codec blocks and, at 4 KB, several buckets
-    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
+def _torch_ddp(options: dict, bucket_cap_mb: float = 0.004, device: str = "cpu"):
+    model = make_model(width=256).to(device)  # 4.6k parameters: several codec blocks and, at 4 KB, several buckets
+    ids = {"device_ids": [0]} if device == "cuda" else {}
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb, **ids)
     algorithm = options.pop("algorithm")
     state = bagua.comm_hooks.register(ddp, algorithm, **options)
     return model, ddp, state, torch.optim.SGD(model.parameters(), lr=0.05)
@@ -35,15 +37,15 @@ def _train(ddp, opt, batches, sent: list | None = None) -> list[torch.Tensor]:
         opt.step()
         if sent is not None:
             sent.append(bagua.comm.bytes_sent() - before)
-        trace.append(flat_params(ddp.module if hasattr(ddp, "module") else ddp).clone())
+        trace.append(flat_params(ddp.module if hasattr(ddp, "module") else ddp).cpu())
     return trace
 
 
-def _hook_against_wrapper(rank: int, options: dict) -> dict:
+def _hook_against_wrapper(rank: int, options: dict, device: str = "cpu") -> dict:
     dist.init_process_group("gloo")  # a plain torch job: the hook joins it at its first call
-    batches = rank_batches(rank, STEPS)
+    batches = [(x.to(device), y.to(device)) for x, y in rank_batches(rank, STEPS)]
     layouts = []
-    model, ddp, state, opt = _torch_ddp(dict(options))
+    model, ddp, state, opt = _torch_ddp(dict(options), device=device)
     hook = state.allreduce
 
     def spy(bucket):  # the bucket layouts torch hands over, before and after its rebucketing
@@ -57,7 +59,7 @@ def _hook_against_wrapper(rank: int, options: dict) -> dict:
 
     # the same algorithm through bagua's wrapper, same model, seeds and data
     name = options.pop("algorithm")
-    model = make_model(width=256)
+    model = make_model(width=256).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     wrapped = bagua.DistributedDataParallel(model, [opt], name, **options)
     native_bytes = []
@@ -152,3 +154,14 @@ def test_bad_hook_options_fail_where_the_state_is_built():
     assert len(errors) == 5, errors
     assert "gradient_allreduce" in errors[0] and "average=False" in errors[1] and "block_size" in errors[2]
     assert "warmup_steps" in errors[3] and "DistributedDataParallel" in errors[4]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("algorithm", ["bytegrad", "onebit_grad"])
+def test_the_hook_on_cuda_tensors_sends_the_wrappers_bits(algorithm):
+    # two ranks sharing one GPU over Gloo with CUDA tensors (NCCL refuses two ranks on one GPU):
+    # the hook's CUDA path (in the hook, on the current stream) against the wrapper's
+    options = {"algorithm": algorithm, **({"warmup_steps": 1} if algorithm == "onebit_grad" else {})}
+    results = run_ranks(_hook_against_wrapper, 2, options, "cuda", timeout=150, init=False)
+    _assert_same_as_wrapper(results)
