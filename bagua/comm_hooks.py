@@ -20,7 +20,9 @@ trainer builds the torch DDP wrapper itself (Lightning's ``DDPStrategy``, Huggin
   new buckets.
 - **Process group.** The hook joins the job's ``torch.distributed`` default group on its first
   call (``bagua.init_process_group()`` where the job has not called it), so the state can be
-  built before the processes start (Lightning builds its strategy first).
+  built before the processes start (Lightning builds its strategy first), and makes a
+  communicator of its own over torch DDP's ranks (every rank of torch DDP's group, at the same
+  first call): its traffic never interleaves with torch DDP's own (``find_unused_parameters``).
 
 Differences from the wrapper's algorithm: the hook averages the gradients torch DDP hands it and
 nothing else (no autotuning, no ``join()`` of bagua's). Gradients that overflow (GradScaler) on
@@ -145,7 +147,10 @@ class CompressionHookState:
             if not comm.is_initialized():
                 comm.init_process_group(rank=dist.get_rank(), world_size=dist.get_world_size())
             group = self._torch_group if self._torch_group is not None else dist.group.WORLD
-            self._group = comm.from_torch_group(group)
+            # a communicator of its own over the same ranks: torch DDP's own collectives on its
+            # group (find_unused_parameters' bitmap, buffer broadcasts) never meet the hook's
+            # background thread there in another order on another rank (Gloo would wait forever)
+            self._group = comm.new_group(dist.get_process_group_ranks(group))
             if getattr(self.algorithm, "hierarchical", False):
                 self._node_groups = hierarchical_node_groups(self._group)
             if self.error_feedback:

@@ -5,6 +5,8 @@ state, and moves the bytes the codec promises."""
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -165,3 +167,36 @@ def test_the_hook_on_cuda_tensors_sends_the_wrappers_bits(algorithm):
     options = {"algorithm": algorithm, **({"warmup_steps": 1} if algorithm == "onebit_grad" else {})}
     results = run_ranks(_hook_against_wrapper, 2, options, "cuda", timeout=150, init=False)
     _assert_same_as_wrapper(results)
+
+
+class _WithUnused(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = make_model(width=256)
+        self.unused = torch.nn.Linear(4, 4)  # no gradient: torch DDP sends its bitmap of unused parameters
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def _find_unused(rank: int) -> list[float]:
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+    model = _WithUnused()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.004, find_unused_parameters=True)
+    bagua.comm_hooks.register(ddp, "bytegrad")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses = []
+    for x, y in rank_batches(rank, 150):  # torch DDP's bitmap allreduce during every backward, beside the hook's
+        opt.zero_grad()
+        loss = F.cross_entropy(ddp(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_the_hook_beside_torch_ddps_own_collectives_with_find_unused_parameters():
+    # the hook's thread has a communicator of its own: on torch DDP's group the two ranks could
+    # issue the hook's allreduce and torch's bitmap allreduce in different orders and wait forever
+    losses = run_ranks(_find_unused, 2, timeout=120, init=False)
+    assert all(len(l) == 150 for l in losses)
