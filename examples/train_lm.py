@@ -158,6 +158,11 @@ BETAS = (0.9, 0.95)  # every variant's Adam: the usual betas of transformer pre-
 WEIGHT_DECAY = 0.01
 
 
+def perplexity(loss: float) -> float:
+    """exp(loss), inf where a diverged run's loss is beyond float range (the run goes on and reports)."""
+    return math.exp(loss) if loss < 700 else float("inf")
+
+
 def make_optimizer(args: argparse.Namespace, model: torch.nn.Module) -> torch.optim.Optimizer:
     """AdamW (qadam: ``QAdamOptimizer`` with the same betas and decoupled weight decay, its own
     options of ``--option`` applied) or, with ``--optimizer sgd``, SGD with momentum; fused unless
@@ -271,7 +276,7 @@ def train(args: argparse.Namespace, log=print) -> dict:
         return validation_loss(judged, val_set, args.val_docs, rank, world)
 
     curve = [(0, 0.0, 0, float("nan"), evaluate())]
-    log(f"step {0:5d}  val loss {curve[0][4]:.4f}  ppl {math.exp(curve[0][4]):.1f}")
+    log(f"step {0:5d}  val loss {curve[0][4]:.4f}  ppl {perplexity(curve[0][4]):.1f}")
     step, epoch, tokens, padded, start = 0, 0, 0, 0, time.perf_counter()
     sent_before = bagua.comm.bytes_sent()  # what this rank's bagua communication sent (not torch DDP's)
     step_times: list[float] = []  # seconds of each step, data loading included
@@ -298,7 +303,7 @@ def train(args: argparse.Namespace, log=print) -> dict:
                 bagua.comm.allreduce(seen, op=bagua.comm.ReduceOp.SUM)
                 curve.append((step, elapsed, int(seen[0]), loss.item(), val))
                 sent = f"{ddp.bytes_sent_last_step / 1e6:.2f} MB/step" if algorithm else "n/a (torch DDP)"
-                log(f"step {step:5d}  train loss {loss.item():.4f}  val loss {val:.4f}  ppl {math.exp(val):.1f}  "
+                log(f"step {step:5d}  train loss {loss.item():.4f}  val loss {val:.4f}  ppl {perplexity(val):.1f}  "
                     f"{seen[0] / elapsed:.0f} tokens/s  padding {seen[1] / seen.sum():.1%}  sent {sent}")  # fmt: skip
                 eval_time += time.perf_counter() - t0
             if step == args.steps:
@@ -359,7 +364,7 @@ def main(argv=None) -> None:
         log("replicas differed after training (as this algorithm allows); the final loss is their average's")
     if rank == 0:
         write_outputs(args, result)
-    log(f"final: validation loss {result['final_val_loss']:.4f} (ppl {math.exp(result['final_val_loss']):.2f}) "
+    log(f"final: validation loss {result['final_val_loss']:.4f} (ppl {perplexity(result['final_val_loss']):.2f}) "
         f"after {args.steps} steps, {result['tokens']} tokens, {result['wall_s']:.1f} s of training")
     bagua.destroy_process_group()
 
