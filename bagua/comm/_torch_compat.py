@@ -1,4 +1,4 @@
-"""torch.distributed names that moved between the torch versions we support (>= 2.4).
+"""torch.distributed names that moved between the torch versions we support (>= 2.11).
 
 Example::
 
