@@ -99,3 +99,31 @@ def test_the_communication_core_snippet_runs_as_written():
     rank0, rank1 = run_ranks(_as_written, 2, "The communication core", init=False)
     assert torch.equal(rank0["everything"], torch.tensor([0.5] * 2000))
     assert torch.equal(rank1["everything"], rank0["everything"])
+
+
+def _already_on_torch_ddp(rank: int) -> dict:
+    """The torch DDP lines of "Already on torch DDP, ..." in a plain torch job, then a step; the
+    Lightning line builds its Trainer (a fit of it is tests/lightning's)."""
+    import lightning.pytorch as pl
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from tests.parallel.models import flat_params, rank_batches
+
+    dist.init_process_group("gloo")
+    ns = {"model": make_model(), "torch": torch, "bagua": bagua, "pl": pl}
+    exec(compile(readme_snippet("Already on torch DDP, Hugging Face or Lightning"), "README.md", "exec"), ns)
+    model = ns["model"]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in rank_batches(rank, 3):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return {"weights": flat_params(model.module), "steps": ns["hook_state"].steps,
+            "callbacks": [type(c).__name__ for c in ns["trainer"].callbacks]}
+
+
+def test_the_torch_ddp_hook_snippet_runs_as_written():
+    rank0, rank1 = run_ranks(_already_on_torch_ddp, 2, init=False, timeout=120)
+    assert rank0["steps"] == 3 and torch.equal(rank0["weights"], rank1["weights"])
+    assert "CommHook" in rank0["callbacks"]
