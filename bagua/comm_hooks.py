@@ -41,6 +41,8 @@ Example::
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import itertools
 import logging
 from typing import Any, Optional
 
@@ -49,17 +51,15 @@ import torch.distributed as dist
 
 from . import comm
 from .algorithms.base import Algorithm
-from .algorithms.bytegrad import ByteGradAlgorithm
 from .algorithms.gradient_allreduce import allreduce_flat, hierarchical_node_groups
-from .algorithms.onebit_grad import OneBitGradAlgorithm
 from .algorithms.residuals import BucketResiduals
 from .comm import ReduceOp
 from .comm.checks import trusted
 
 logger = logging.getLogger(__name__)
 
-#: the algorithms a hook can send as: the wrapper's algorithm classes, whose options it takes
-HOOK_ALGORITHMS = {"bytegrad": ByteGradAlgorithm, "onebit_grad": OneBitGradAlgorithm}
+#: the algorithms a hook can send as (the wrapper's, whose options it takes)
+HOOK_ALGORITHMS = ("bytegrad", "onebit_grad")
 
 
 class CompressionHookState:
@@ -116,7 +116,7 @@ class CompressionHookState:
         self._drain()
         state = {"algorithm": self.name, "steps": self.steps}
         if self.error_feedback:
-            state["residuals"] = self._residuals.state_dict() if self._residuals is not None else self._pending_residuals()
+            state["residuals"] = self._residuals.state_dict() if self._residuals is not None else (self._pending or {})
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -132,9 +132,6 @@ class CompressionHookState:
                 self._pending = residuals  # loaded at the first call, when the group is known
             else:
                 self._residuals.load_state_dict(residuals)
-
-    def _pending_residuals(self) -> dict:
-        return self._pending if self._pending is not None else {}
 
     # ---- the hook's work ------------------------------------------------------------------------
 
@@ -176,7 +173,7 @@ class CompressionHookState:
         group = self._join()
         flat = bucket.buffer()
         numels = [g.numel() for g in bucket.gradients()]
-        starts = [sum(numels[:i]) for i in range(len(numels))]
+        starts = list(itertools.accumulate(numels[:-1], initial=0))
         names = self._member_names(bucket.parameters())
         layout = (tuple(names), tuple(numels))
         feedback = None
@@ -193,11 +190,8 @@ class CompressionHookState:
         self._checked.add((layout, exact))
 
         def run() -> torch.Tensor:
-            if checked:
-                with trusted():  # every rank hands over the same layouts in the same order
-                    handle = allreduce_flat(flat, starts, group, ReduceOp.AVG, self._node_groups, codec,
-                                            error_feedback=None if exact else feedback)
-            else:
+            # a layout seen before needs no cross-rank check: every rank hands over the same layouts in the same order
+            with trusted() if checked else contextlib.nullcontext():
                 handle = allreduce_flat(flat, starts, group, ReduceOp.AVG, self._node_groups, codec,
                                         error_feedback=None if exact else feedback)
             if handle is not None:

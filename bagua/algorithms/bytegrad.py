@@ -27,16 +27,16 @@ from __future__ import annotations
 import logging
 
 from ..comm import BaguaProcessGroup
-from ..comm.compression import Codec, MinMaxUInt8
+from ..comm.compression import MinMaxUInt8
 from .base import Algorithm, AlgorithmImpl
-from .compressed_gradients import CompressedGradientImpl
+from .compressed_gradients import CompressedGradientImpl, WireCodec
 from .gradient_allreduce import GradientAllReduceAlgorithm, GradientAllReduceImpl
 
 logger = logging.getLogger(__name__)
 
 
 @Algorithm.register("bytegrad")
-class ByteGradAlgorithm(GradientAllReduceAlgorithm):
+class ByteGradAlgorithm(WireCodec, GradientAllReduceAlgorithm):
     """Gradient averaging compressed to 8 bits per value (MinMaxUInt8, per-block min and max).
 
     Args:
@@ -54,11 +54,6 @@ class ByteGradAlgorithm(GradientAllReduceAlgorithm):
         self._codec = MinMaxUInt8(block_size)  # checks block_size
         self.block_size = block_size
         self.error_feedback = bool(error_feedback)
-
-    @property
-    def codec(self) -> Codec:
-        """The codec of every byte sent after the warm-up (``bagua.comm_hooks`` sends the same)."""
-        return self._codec
 
     def reify(self, process_group: BaguaProcessGroup) -> AlgorithmImpl:
         if self.error_feedback:

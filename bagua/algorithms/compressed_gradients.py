@@ -37,6 +37,19 @@ from .gradient_allreduce import GradientAllReduceImpl, allreduce_bucket
 from .residuals import BucketResiduals
 
 
+class WireCodec:
+    """For an algorithm whose gradients travel through one codec (``self._codec``, private so that
+    the algorithm's repr is its constructor's arguments): that codec, read-only
+    (``bagua.comm_hooks`` sends through the same one)."""
+
+    _codec: Codec
+
+    @property
+    def codec(self) -> Codec:
+        """The codec of every byte sent after any warm-up."""
+        return self._codec
+
+
 class CompressedGradientImpl(GradientAllReduceImpl):
     """The warm-up's exact allreduce, then ``codec`` with error feedback, per bucket.
 
@@ -95,4 +108,4 @@ class CompressedGradientImpl(GradientAllReduceImpl):
         self.residuals.load_state_dict(state)
 
 
-__all__ = ["CompressedGradientImpl"]
+__all__ = ["CompressedGradientImpl", "WireCodec"]

@@ -33,9 +33,9 @@ import logging
 import torch
 
 from ..comm import BaguaProcessGroup
-from ..comm.compression import Codec, Sign1
+from ..comm.compression import Sign1
 from .base import Algorithm, AlgorithmImpl, check_positive_int
-from .compressed_gradients import CompressedGradientImpl
+from .compressed_gradients import CompressedGradientImpl, WireCodec
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class OneBitGradImpl(CompressedGradientImpl):
 
 
 @Algorithm.register("onebit_grad")
-class OneBitGradAlgorithm(Algorithm):
+class OneBitGradAlgorithm(WireCodec, Algorithm):
     """Gradient averaging at 1 bit per value (sign1, error feedback) after an exact warm-up.
 
     Args:
@@ -84,11 +84,6 @@ class OneBitGradAlgorithm(Algorithm):
         self.average = bool(average)
         self._codec = Sign1(block_size)  # checks block_size
         self.block_size = block_size
-
-    @property
-    def codec(self) -> Codec:
-        """The codec of every byte sent after the warm-up (``bagua.comm_hooks`` sends the same)."""
-        return self._codec
 
     def reify(self, process_group: BaguaProcessGroup) -> AlgorithmImpl:
         return OneBitGradImpl(process_group, self.hierarchical, self.average, self._codec, warmup_steps=self.warmup_steps,
