@@ -6,6 +6,7 @@ state, and moves the bytes the codec promises."""
 from __future__ import annotations
 
 import datetime
+import math
 
 import pytest
 import torch
@@ -200,3 +201,56 @@ def test_the_hook_beside_torch_ddps_own_collectives_with_find_unused_parameters(
     # issue the hook's allreduce and torch's bitmap allreduce in different orders and wait forever
     losses = run_ranks(_find_unused, 2, timeout=120, init=False)
     assert all(len(l) == 150 for l in losses)
+
+
+def _everyday_loop(rank: int, via: str) -> dict:
+    """onebit_grad (error feedback from step 2) in a loop as people train: accumulation of two
+    half-batches under no_sync, GradScaler with an overflowing step 3 on rank 1, clip_grad_norm_
+    after unscale_; through torch DDP with the hook, or through bagua's wrapper."""
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    model = make_model(width=256)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    if via == "hook":
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.004)
+        state = bagua.comm_hooks.register(ddp, "onebit_grad", warmup_steps=1)
+    else:
+        ddp = bagua.DistributedDataParallel(model, [opt], "onebit_grad", warmup_steps=1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, growth_interval=1000)
+    trace, scales = [], []
+    for step, (x, y) in enumerate(rank_batches(rank, STEPS)):
+        opt.zero_grad()
+        (x0, x1), (y0, y1) = x.chunk(2), y.chunk(2)
+        with ddp.no_sync():
+            scaler.scale(F.cross_entropy(ddp(x0), y0) / 2).backward()
+        loss = F.cross_entropy(ddp(x1), y1) / 2
+        if step == 2 and rank == 1:
+            loss = loss * math.inf
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+        trace.append(flat_params(model))
+    if via == "hook":
+        state.close()
+    else:
+        ddp.close()
+    return {"trace": trace, "scales": scales}
+
+
+def _both_ways(rank: int) -> dict:
+    return {via: _everyday_loop(rank, via) for via in ("hook", "wrapper")}
+
+
+def test_the_hook_in_the_everyday_loop_equals_bagua_s_wrapper():
+    results = run_ranks(_both_ways, 2, timeout=120, init=False)
+    for r in results:
+        hook, wrapper = r["hook"], r["wrapper"]
+        for step, (a, b) in enumerate(zip(hook["trace"], wrapper["trace"])):
+            assert torch.equal(a, b), f"step {step + 1}: torch DDP + hook differs from bagua's wrapper"
+        assert hook["scales"] == wrapper["scales"] == [1024.0, 1024.0, 512.0] + [512.0] * (STEPS - 3)
+        assert torch.equal(hook["trace"][2], hook["trace"][1])  # the overflow step was skipped on this rank too
+        assert not torch.equal(hook["trace"][-1], hook["trace"][2])  # and it trained on afterwards
+    assert torch.equal(results[0]["hook"]["trace"][-1], results[1]["hook"]["trace"][-1])
