@@ -75,7 +75,20 @@ def _child(fn, rank, world_size, local_world_size, port, args, results, init_kwa
 
 
 def _launch(fn, world_size, args, timeout, local_world_size, init_kwargs, init, comm_timeout_s, fresh=False):
-    """Run the ranks; return ({rank: (status, payload)}, [ranks that never reported], procs)."""
+    """Run the ranks; return ({rank: (status, payload)}, [ranks that never reported], procs).
+
+    ``free_port()`` only finds a port free: another process of a busy machine may take it before
+    rank 0's store binds it. Such a job (a rank's error says EADDRINUSE) runs once more on a new port.
+    """
+    for _ in range(2):
+        outcomes, missing, procs = _launch_once(fn, world_size, args, timeout, local_world_size, init_kwargs, init,
+                                                comm_timeout_s, fresh)
+        if not any(status == "error" and "EADDRINUSE" in str(payload) for status, payload in outcomes.values()):
+            break
+    return outcomes, missing, procs
+
+
+def _launch_once(fn, world_size, args, timeout, local_world_size, init_kwargs, init, comm_timeout_s, fresh):
     local_world_size = local_world_size or world_size
     port = free_port()
     context = mp.get_context("spawn") if fresh else process_context
