@@ -20,9 +20,10 @@ gradient; the hook works either way) and evaluates the untrained model with ``ev
 leaves the model without any DDP wrapper (accelerate marks it prepared for evaluation, then never
 wraps it for training), so the replicas would train apart, with or without a hook.
 
-``--streams K`` sets ``BAGUA_NET_NSTREAMS=K`` before bagua starts (at the hook's first call): the
-hook's large messages between machines then travel over K connections (a group within one machine
-keeps one).
+``--streams K`` starts torch.distributed on bagua's striping backend before the Trainer exists
+(``init_process_group("bagua", pg_options=StripeOptions(streams=K))``; accelerate then uses that
+group): every large message between machines, torch DDP's buckets, the hook's and the Trainer's
+own, travels over K connections (ranks within one machine keep one).
 
 Rank 0 prints the last step's training loss and the evaluation loss on held-out files (before and
 after training) and writes ``hf_trainer_<hook>.json`` into ``--out-dir``: the losses per step, the
@@ -57,7 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="an option of the hook's algorithm (repeatable), e.g. --option warmup_steps=100")
     parser.add_argument("--streams", type=int, default=None,
-                        help="connections bagua stripes each large message over (sets BAGUA_NET_NSTREAMS)")
+                        help="connections each large message between machines is striped over (the 'bagua' "
+                             "torch backend; default: Gloo, one)")
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
     parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
     parser.add_argument("--layers", type=int, default=4)
@@ -181,14 +183,15 @@ def evaluation_split(args: argparse.Namespace):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    if args.streams is not None:
-        os.environ["BAGUA_NET_NSTREAMS"] = str(args.streams)  # before bagua's group exists (the hook's first call)
     from transformers import PrinterCallback, Trainer, TrainingArguments
     from transformers.utils import logging as hf_logging
 
     import bagua
     import train_lm
     from stdlib_corpus import pad_batch
+
+    if args.streams is not None and "WORLD_SIZE" in os.environ:  # before the Trainer: accelerate takes this group
+        torch.distributed.init_process_group("bagua", pg_options=bagua.comm.StripeOptions(streams=args.streams))
 
     hf_logging.set_verbosity_error()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
@@ -239,6 +242,7 @@ def main(argv=None) -> dict:
         "eval_loss_start": start_eval, "eval_loss": final_eval, "step_times": recorder.step_times, "wall_s": wall,
         "hook_steps": hook.state.steps if hook is not None and hook.state is not None else None,
         "bagua_bytes_sent": bagua.comm.bytes_sent() if bagua.is_initialized() else None,
+        "striped_calls": bagua.comm.striped_calls(),  # this rank's calls cut over several connections
         # what torch's fp32 ring allreduce sends per rank for the same steps: 2 (n-1)/n x 4 bytes a value
         "fp32_ring_bytes": int(2 * (world - 1) / world * 4 * parameters * trainer.state.global_step),
     }  # fmt: skip

@@ -54,7 +54,12 @@ from .process_group import (
     new_group,
     new_node_groups,
 )
+from .striped_backend import BACKEND_NAME as STRIPED_BACKEND
+from .striped_backend import StripedProcessGroup, StripeOptions, striped_calls
+from .striped_backend import register as _register_striped_backend
 from .traffic import bytes_sent, reset_traffic, traffic_by_kind
+
+_register_striped_backend()  # torch.distributed.init_process_group("bagua") from here on
 
 __all__ = [
     "BF16", "CODEC_NAMES", "at_teardown", "FP16", "BaguaProcessGroup", "Bucket", "Codec", "CollectiveError",
@@ -63,5 +68,5 @@ __all__ = [
     "compressed_allreduce", "destroy_process_group", "from_torch_group", "gather", "get_codec", "get_default_group",
     "get_inter_node_group", "get_intra_node_group", "get_local_rank", "get_local_size", "get_rank",
     "get_world_size", "init_process_group", "is_initialized", "new_group", "new_node_groups", "NodeGroups", "recv", "reduce",
-    "reduce_scatter", "reset_traffic", "scatter", "send", "Sign1", "traffic_by_kind",
+    "reduce_scatter", "reset_traffic", "scatter", "send", "Sign1", "STRIPED_BACKEND", "StripedProcessGroup", "StripeOptions", "striped_calls", "traffic_by_kind",
 ]

@@ -212,6 +212,11 @@ class StripedWork:
             for index, work in enumerate(self.works):
                 with named_stripe(stripe_label(index, len(self.works))):
                     work.wait()
+            self.finish()
+
+    def finish(self) -> None:
+        """Run ``then()`` once, the works known complete (by ``wait()``, or from their futures)."""
+        if not self.done:
             if self.then is not None:
                 self.then()
             self.done = True
@@ -249,16 +254,23 @@ def launch(
 
 
 def launch_alltoall(
-    pg: "BaguaProcessGroup", outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], count: int
+    pg: "BaguaProcessGroup", outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], count: int,
+    exchange: Optional[Callable[..., Any]] = None,
 ) -> StripedWork:
     """An alltoall of flat parts (``inputs[j]`` to group rank ``j``, ``outputs[j]`` from it)
     over ``count`` stripes: piece ``i`` of every part, packed, on stripe ``i``. Both ends cut a
     part alike from its length. Waiting for the returned work unpacks the pieces into ``outputs``.
+    ``exchange(group, received, send, received_sizes, sent_sizes)`` moves one stripe's pieces
+    (default ``torch.distributed.all_to_all_single`` on ``group``).
 
     Example::
 
         launch_alltoall(pg, list(out.view(w, -1)), list(inp.view(w, -1)), count=4).wait()
     """
+    if exchange is None:
+        def exchange(group, received, send, received_sizes, sent_sizes):
+            return dist.all_to_all_single(received, send, received_sizes, sent_sizes, group=group, async_op=True)
+
     def cut(part: torch.Tensor) -> list[torch.Tensor]:
         return [part[piece] for piece in spans(part.numel(), count)]
 
@@ -268,9 +280,7 @@ def launch_alltoall(
         sent, landing = [pieces[i] for pieces in sent_pieces], [pieces[i] for pieces in landing_pieces]
         send = torch.cat(sent)
         received = send.new_empty(sum(p.numel() for p in landing))
-        works.append(dist.all_to_all_single(
-            received, send, [p.numel() for p in landing], [p.numel() for p in sent], group=group, async_op=True,
-        ))
+        works.append(exchange(group, received, send, [p.numel() for p in landing], [p.numel() for p in sent]))
         unpack.append((received, landing))
 
     def finish() -> None:

@@ -1,5 +1,6 @@
-"""examples/hf_trainer.py end to end: Hugging Face's Trainer on 2 ranks (torchrun, Gloo), plain and
-with bagua's bytegrad as torch DDP's communication hook, the same seeds and data order."""
+"""examples/hf_trainer.py end to end: Hugging Face's Trainer on 2 ranks, plain (torchrun, Gloo) and
+with bagua's bytegrad as torch DDP's communication hook over striped connections (two torchrun
+"machines" of one rank each on the 'bagua' backend, 4 connection sets), the same seeds and data order."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import run_command
+from tests.harness import free_port, run_command
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")  # the Trainer needs it
@@ -28,6 +29,7 @@ SAME_EVAL = 0.005  # the hook's final evaluation loss within 0.5% (relative) of 
 # bytegrad: 1 byte a value (+ each 1024-value block's min and max) over bagua's compressed ring,
 # against fp32's 4 bytes a value: ~0.25 (0.252 measured, the one-time layout checks included)
 BYTES_VS_FP32 = (0.22, 0.30)
+STRIPED = ["--streams", "4"]
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +37,15 @@ def runs(tmp_path_factory) -> dict[str, dict]:
     tmp = tmp_path_factory.mktemp("hf_trainer")
     results = {}
     for hook in ("none", "bytegrad"):  # one after the other: 2 ranks each on a small machine
-        cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node=2", str(EXAMPLE), "--hook", hook, *TINY,
-               "--out-dir", str(tmp / "out"), "--cache-dir", str(tmp / "cache")]  # fmt: skip
+        example = [str(EXAMPLE), "--hook", hook, *TINY, "--out-dir", str(tmp / "out"), "--cache-dir", str(tmp / "cache")]
+        if hook == "none":
+            cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node=2", *example]
+        else:  # two machines of one rank (LOCAL_WORLD_SIZE=1), so the 'bagua' backend stripes between them
+            node = " ".join([str(TORCHRUN), "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                             f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=hf", *example, *STRIPED])
+            # the tiny model's buckets are below 1 MiB: pieces of 4 KiB at least
+            cmd = ["sh", "-c", f"export BAGUA_NET_MIN_CHUNKSIZE=4096; {node} & first=$!; {node}; second=$?; "
+                               f"wait $first; exit $(( $? | second ))"]
         proc = run_command(cmd, timeout=140, cwd=ROOT)
         finals = [line for line in proc.stdout.splitlines() if line.startswith("final: ")]
         assert len(finals) == 1, f"expected one final line (rank 0 only):\n{(proc.stdout + proc.stderr)[-5000:]}"
@@ -76,3 +85,10 @@ def test_the_hook_averaged_every_step_in_a_quarter_of_the_bytes(runs):
     assert "of fp32 ring allreduce" in hooked["final_line"]
     # the plain Trainer never started bagua
     assert runs["none"]["bagua_bytes_sent"] is None and runs["none"]["hook_steps"] is None
+
+
+@pytest.mark.timeout(300)
+def test_the_hooked_run_went_over_striped_connections(runs):
+    # every step's compressed ring (its segments) and the wrapper's first broadcast went in pieces
+    assert runs["bytegrad"]["striped_calls"] >= STEPS
+    assert runs["none"]["striped_calls"] == 0  # Gloo: bagua's backend never made
