@@ -97,7 +97,7 @@ from typing import Any, Optional, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or by torchrun
 from _jobs import import_netns, netns_problem, run_job, save_run, tx_bytes_reader  # noqa: E402
 from ddp_report import (  # noqa: E402
-    ALL_VARIANTS, BUFFER_VARIANTS, HOOK_VARIANTS, LABELS, NETWORK_VARIANTS, QADAM_VARIANTS, format_gpu, format_job, key_summary, plot,
+    ALL_VARIANTS, BUFFER_VARIANTS, HOOK_VARIANTS, STRIPED_VARIANTS, LABELS, NETWORK_VARIANTS, QADAM_VARIANTS, format_gpu, format_job, key_summary, plot,
 )
 from step_timing import Variant, time_interleaved  # noqa: E402
 
@@ -438,7 +438,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reps", type=int, default=10, help="loopback repetitions (default 10)")
     p.add_argument("--block", type=int, default=5, help="loopback steps per block (default 5)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant first (default 3)")
-    p.add_argument("--variants", nargs="+", choices=ALL_VARIANTS + BUFFER_VARIANTS + QADAM_VARIANTS + HOOK_VARIANTS, default=None,
+    p.add_argument("--variants", nargs="+", choices=ALL_VARIANTS + BUFFER_VARIANTS + QADAM_VARIANTS + HOOK_VARIANTS + STRIPED_VARIANTS, default=None,
                    help="variants (loopback / worker; default all ten)")
     # network
     p.add_argument("--rates", nargs="*", default=["1gbit", "100mbit"], help="tbf rates (default 1gbit 100mbit)")
@@ -448,14 +448,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--net-reps", type=int, default=2, help="network repetitions (default 2)")
     p.add_argument("--net-block", type=int, default=10, help="network steps per block (default 10: epoch = 20 steps)")
     p.add_argument("--net-warmup", type=int, default=1, help="network untimed steps per variant (default 1)")
-    p.add_argument("--net-variants", nargs="+", choices=ALL_VARIANTS + BUFFER_VARIANTS + QADAM_VARIANTS + HOOK_VARIANTS, default=None,
+    p.add_argument("--net-variants", nargs="+", choices=ALL_VARIANTS + BUFFER_VARIANTS + QADAM_VARIANTS + HOOK_VARIANTS + STRIPED_VARIANTS, default=None,
                    help="network variants (default the eight without the bucket sweep)")
     p.add_argument("--per-flow-rates", nargs="*", default=["100mbit"],
                    help="per-TCP-connection caps, each a setting under --per-flow-under (default 100mbit; none: skip)")
     p.add_argument("--per-flow-under", default="1gbit", help="the aggregate rate of the per-flow settings (default 1gbit)")
     p.add_argument("--streams", nargs="+", type=int, default=[1, 8],
                    help="bagua streams of the per-flow settings, one job each (default 1 8)")
-    p.add_argument("--per-flow-variants", nargs="+", choices=ALL_VARIANTS, default=["ddp", "gradient_allreduce", "bytegrad"],
+    p.add_argument("--per-flow-variants", nargs="+", choices=ALL_VARIANTS + STRIPED_VARIANTS, default=["ddp", "gradient_allreduce", "bytegrad"],
                    help="variants of the per-flow settings (default ddp gradient_allreduce bytegrad)")
     # common
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1: 2 ranks on 2 cores)")

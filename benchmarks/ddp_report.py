@@ -30,6 +30,8 @@ QADAM_VARIANTS = ("qadam-overlap", "qadam-nooverlap", "qadam-clip", "qadam-noove
                   "qadam1-nooverlap", "bytegrad-adam")
 # torch's own DDP wrapper with bagua's compression as its communication hook (bagua.comm_hooks)
 HOOK_VARIANTS = ("ddp-bytegrad-hook", "ddp-onebit-hook")
+# torch's own DDP wrapper on bagua's striping torch backend ("bagua"), 8 connection sets
+STRIPED_VARIANTS = ("ddp-striped",)
 NETWORK_VARIANTS = (
     "ddp", "ddp-fp16", "gradient_allreduce", "bytegrad", "decentralized",
     "low_precision_decentralized", "async", "qadam", "onebit_grad",
@@ -40,6 +42,7 @@ LABELS = {
     "ddp-fp16": "torch DDP fp16 hook",
     "ddp-bytegrad-hook": "torch DDP + bagua.comm_hooks bytegrad (8-bit)",
     "ddp-onebit-hook": "torch DDP + bagua.comm_hooks onebit_grad (1 bit)",
+    "ddp-striped": "torch DDP fp32 on the 'bagua' torch backend (8 connection sets)",
     "gradient_allreduce": "bagua gradient_allreduce",
     "gradient_allreduce-10MB": "bagua gradient_allreduce, 10MB buckets",
     "bytegrad": "bagua bytegrad",
@@ -191,6 +194,15 @@ def key_summary(jobs: list[dict[str, Any]], gpu: Optional[dict[str, Any]]) -> tu
                 if j["setting"] == "100mbit":
                     parts.append(f"100mbit x{j['world']} DDP fp32/{hook} epoch {sp:.2f}x "
                                  f"(target >={target:g}x: {'met' if sp >= target else 'NOT met'})")
+        if "ddp" in vs and "ddp-striped" in vs:
+            sp = vs["ddp"]["epoch_s"] / vs["ddp-striped"]["epoch_s"]
+            key[f"ddp_striped_speedup_{j['setting']}_x{j['world']}"] = sp
+            if j.get("per_flow_rate"):
+                verdict = f"target >=3x: {'met' if sp >= 3.0 else 'NOT met'}"
+            else:  # no flow capped: striping must cost nothing
+                verdict = f"target: striped within 3% of unstriped: {'met' if 1 / sp <= 1.03 else 'NOT met'}"
+            lines.append(f"  {j['setting']} x{j['world']}: torch DDP fp32 Gloo / 'bagua' backend epoch {sp:.2f}x ({verdict})")
+            parts.append(f"{j['setting']} x{j['world']} torch DDP Gloo/'bagua' backend epoch {sp:.2f}x ({verdict})")
         if "ddp" in vs and "onebit_grad" in vs:
             sp = vs["ddp"]["epoch_s"] / vs["onebit_grad"]["epoch_s"]
             compute = (f"; its step is {vs['local']['step_s'] / vs['onebit_grad']['step_s']:.0%} compute "

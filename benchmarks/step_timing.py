@@ -12,6 +12,8 @@ ddp-10MB              the same with bucket_cap_mb=10
 ddp-fp16              torch DDP + ``default_hooks.fp16_compress_hook``
 ddp-bytegrad-hook     torch DDP + ``bagua.comm_hooks.register(model, "bytegrad")`` (no bagua wrapper)
 ddp-onebit-hook       torch DDP + ``bagua.comm_hooks.register(model, "onebit_grad", warmup_steps=warmup)``
+ddp-striped           torch DDP on a ``new_group(backend="bagua")`` group: its buckets cut over
+                      ``STRIPED_STREAMS`` Gloo connection sets between machines (no bagua wrapper)
 <algorithm>           ``bagua.DistributedDataParallel(..., algorithm=<algorithm>)``; qadam takes its
                       ``QAdamOptimizer``, async averages every ``async_interval_ms`` from step 0
 <name>-10MB           the same with ``bucket_size_bytes=10 MiB`` (default: 25 MiB, as torch DDP)
@@ -45,6 +47,7 @@ from _jobs import quantile
 
 MIB = 1 << 20
 TORCH_BUCKET_MB = {"ddp-10MB": 10}  # torch DDP variants with another bucket_cap_mb than 25
+STRIPED_STREAMS = 8  # ddp-striped's connection sets (bagua's own striped runs use 8 too)
 
 
 class Variant:
@@ -85,6 +88,11 @@ class Variant:
             self.model = model
         elif self.is_torch:
             kw = {"device_ids": [torch.cuda.current_device()]} if device == "cuda" else {}
+            if name == "ddp-striped":
+                import torch.distributed as dist
+
+                kw["process_group"] = dist.new_group(
+                    backend=bagua.comm.STRIPED_BACKEND, pg_options=bagua.comm.StripeOptions(streams=STRIPED_STREAMS))
             self.model = TorchDDP(model, bucket_cap_mb=TORCH_BUCKET_MB.get(name, 25),
                                   forward_sync_buffers=broadcast_buffers, init_sync=init_sync, **kw)
             if name == "ddp-fp16":

@@ -65,6 +65,7 @@ logger = logging.getLogger(__name__)
 BACKEND_NAME = "bagua"
 DEFAULT_STREAMS = 4
 _striped_in_process = [0]  # calls cut into pieces, over every "bagua" group of this process
+_warned_unknown_machines: list = []  # one warning a process when LOCAL_WORLD_SIZE is missing
 
 
 def striped_calls() -> int:
@@ -196,6 +197,12 @@ class StripedProcessGroup(dist.ProcessGroup):
         super().__init__(rank, size)
         streams, min_chunk, local_size = options.resolved()
         ranks = list(global_ranks) or list(range(size))
+        if local_size is None and size > 1 and not _warned_unknown_machines:
+            _warned_unknown_machines.append(True)
+            logger.warning(
+                "bagua backend: LOCAL_WORLD_SIZE is not set, so the ranks' machines are unknown: its groups keep "
+                "one connection set (set LOCAL_WORLD_SIZE as torchrun does, or pass "
+                "StripeOptions(local_world_size=...))")
         count = 1 if local_size is None else stripes.stripe_count_for(ranks, local_size, streams)
         groups = tuple(
             dist.ProcessGroupGloo(dist.PrefixStore(f"bagua-stripe{i}/", store), rank, size, timeout)
@@ -271,29 +278,29 @@ class StripedProcessGroup(dist.ProcessGroup):
 
     # --- collectives --------------------------------------------------------------------------
 
-    def allreduce(self, tensors, opts=None):
-        opts = opts or dist.AllreduceOptions()
+    def _whole_or_pieces(self, tensors, whole: Callable[[], Any], piece: Callable[[Any, list], Any]):
+        """``whole()`` (one operation), or ``piece(group, [part])`` on each piece of the single
+        tensor of ``tensors`` where its size earns several: the elementwise calls."""
         count = self._count(tensors, tensors[0].nbytes) if len(tensors) == 1 else 1
         if count == 1:
-            return self._for(tensors).allreduce(tensors, opts)
+            return whole()
         flat = tensors[0].view(-1)
-        return self._pieces(flat, lambda g, part: g.allreduce([flat[part]], opts), count, result=tensors)
+        return self._pieces(flat, lambda g, part: piece(g, [flat[part]]), count, result=tensors)
+
+    def allreduce(self, tensors, opts=None):
+        opts = opts or dist.AllreduceOptions()
+        return self._whole_or_pieces(tensors, lambda: self._for(tensors).allreduce(tensors, opts),
+                                     lambda g, part: g.allreduce(part, opts))
 
     def broadcast(self, tensors, opts=None):
         opts = opts or dist.BroadcastOptions()
-        count = self._count(tensors, tensors[0].nbytes) if len(tensors) == 1 else 1
-        if count == 1:
-            return self._for(tensors).broadcast(tensors, opts)
-        flat = tensors[0].view(-1)
-        return self._pieces(flat, lambda g, part: g.broadcast([flat[part]], opts), count, result=tensors)
+        return self._whole_or_pieces(tensors, lambda: self._for(tensors).broadcast(tensors, opts),
+                                     lambda g, part: g.broadcast(part, opts))
 
     def reduce(self, tensors, opts=None):
         opts = opts or dist.ReduceOptions()
-        count = self._count(tensors, tensors[0].nbytes) if len(tensors) == 1 else 1
-        if count == 1:
-            return self._for(tensors).reduce(tensors, opts)
-        flat = tensors[0].view(-1)
-        return self._pieces(flat, lambda g, part: g.reduce([flat[part]], opts), count, result=tensors)
+        return self._whole_or_pieces(tensors, lambda: self._for(tensors).reduce(tensors, opts),
+                                     lambda g, part: g.reduce(part, opts))
 
     def allgather(self, output_lists, inputs, opts=None):
         opts = opts or dist.AllgatherOptions()
@@ -381,18 +388,12 @@ class StripedProcessGroup(dist.ProcessGroup):
         return _PiecesWork(stripes.launch_alltoall(self._links, outputs, inputs, count, exchange), result)
 
     def send(self, tensors, dst, tag):
-        count = self._count(tensors, tensors[0].nbytes) if len(tensors) == 1 else 1
-        if count == 1:
-            return self._for(tensors).send(tensors, dst, tag)
-        flat = tensors[0].view(-1)
-        return self._pieces(flat, lambda g, part: g.send([flat[part]], dst, tag), count)
+        return self._whole_or_pieces(tensors, lambda: self._for(tensors).send(tensors, dst, tag),
+                                     lambda g, part: g.send(part, dst, tag))
 
     def recv(self, tensors, src, tag):
-        count = self._count(tensors, tensors[0].nbytes) if len(tensors) == 1 else 1
-        if count == 1:
-            return self._for(tensors).recv(tensors, src, tag)
-        flat = tensors[0].view(-1)
-        return self._pieces(flat, lambda g, part: g.recv([flat[part]], src, tag), count)
+        return self._whole_or_pieces(tensors, lambda: self._for(tensors).recv(tensors, src, tag),
+                                     lambda g, part: g.recv(part, src, tag))
 
     def recv_anysource(self, tensors, tag):
         count = self._count(tensors, tensors[0].nbytes) if len(tensors) == 1 else 1

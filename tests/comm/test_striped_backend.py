@@ -255,8 +255,18 @@ def test_fsdp_on_the_striped_backend_trains_as_on_gloo():
             assert torch.equal(a, b)
 
 
-def _connections(rank: int, options: dict, local_env: str) -> int:
+def _connections(rank: int, options: dict, local_env: str) -> tuple[int, list[str]]:
+    import logging
+
     import torch.distributed as dist
+
+    warnings = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            warnings.append(record.getMessage())
+
+    logging.getLogger("bagua.comm.striped_backend").addHandler(Collect(logging.WARNING))
 
     if local_env:
         os.environ["LOCAL_WORLD_SIZE"] = local_env
@@ -264,9 +274,10 @@ def _connections(rank: int, options: dict, local_env: str) -> int:
         os.environ.pop("LOCAL_WORLD_SIZE", None)
     _init_torch(rank, 2)
     group = dist.new_group(backend="bagua", pg_options=__import__("bagua").comm.StripeOptions(**options))
+    dist.new_group(backend="bagua", pg_options=__import__("bagua").comm.StripeOptions(**options))  # no second warning
     count = group.connections
     dist.destroy_process_group()
-    return count
+    return count, warnings
 
 
 @pytest.mark.parametrize("options, local_env, expected", [
@@ -277,7 +288,12 @@ def _connections(rank: int, options: dict, local_env: str) -> int:
     ({}, "1", 4),                    # the default
 ])
 def test_connection_sets_follow_the_machines(options, local_env, expected):
-    assert run_ranks(_connections, 2, options, local_env, init=False, local_world_size=1) == [expected, expected]
+    results = run_ranks(_connections, 2, options, local_env, init=False, local_world_size=1)
+    assert [count for count, _ in results] == [expected, expected]
+    for _, warnings in results:  # without LOCAL_WORLD_SIZE: one warning saying what to set
+        unknown = not local_env and "local_world_size" not in options
+        assert len(warnings) == (1 if unknown else 0), warnings
+        assert not unknown or "LOCAL_WORLD_SIZE" in warnings[0]
 
 
 def _bad_options(rank: int) -> str:
@@ -296,3 +312,71 @@ def _bad_options(rank: int) -> str:
 def test_bad_pg_options_name_what_the_backend_takes():
     [message] = run_ranks(_bad_options, 1, init=False)
     assert "StripeOptions" in message and "dict" in message
+
+
+def _guide_snippet(rank: int, index: int) -> dict:
+    """The ``index``-th python block of docs/striped_connections.md, run as written (``model`` and
+    ``ranks`` given), then a step of whatever it built."""
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "striped_connections.md").read_text()
+    code = guide.split("```python\n")[index + 1].split("```", 1)[0]
+    os.environ["LOCAL_WORLD_SIZE"] = "1"  # two machines of one rank each
+    os.environ["BAGUA_NET_MIN_CHUNKSIZE"] = str(MIN_CHUNK)
+    torch.manual_seed(0)
+    ns = {"torch": torch, "model": torch.nn.Linear(64, 64), "ranks": [0, 1]}
+    exec(compile(code, "docs/striped_connections.md", "exec"), ns)
+    default = dist.distributed_c10d._get_default_group()
+    out = {"backend": dist.get_backend(), "connections": default.connections}
+    if "group" in ns:
+        t = torch.full((4096,), float(rank))
+        dist.all_reduce(t, group=ns["group"])
+        out["group_sum"] = t[0].item()
+    if isinstance(ns["model"], torch.nn.parallel.DistributedDataParallel):
+        ns["model"](torch.randn(8, 64)).sum().backward()
+        out["weight"] = ns["model"].module.weight.grad.clone()
+        del ns
+    import bagua
+
+    out["striped_calls"] = bagua.comm.striped_calls()
+    dist.destroy_process_group()
+    return out
+
+
+def test_the_guide_snippets_run_as_written():
+    first = run_ranks(_guide_snippet, 2, 0, init=False, local_world_size=1)
+    assert [r["backend"] for r in first] == ["bagua", "bagua"] and first[0]["connections"] == 4  # the default K
+    assert torch.equal(first[0]["weight"], first[1]["weight"]) and first[0]["striped_calls"] > 0
+    second = run_ranks(_guide_snippet, 2, 1, init=False, local_world_size=1)
+    assert second[0]["connections"] == 8 and [r["group_sum"] for r in second] == [1.0, 1.0]
+
+
+def _cuda_on_the_backend(rank: int) -> dict:
+    """One rank, one GPU: CUDA tensors on a "bagua" group go to its NCCL communicator."""
+    import torch.distributed as dist
+
+    import bagua
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("bagua", rank=0, world_size=1, pg_options=bagua.comm.StripeOptions(streams=8))
+    t = torch.arange(4096, dtype=torch.float32, device="cuda")
+    dist.all_reduce(t)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64).cuda(), device_ids=[0])
+    model(torch.randn(8, 64, device="cuda")).sum().backward()
+    torch.cuda.synchronize()
+    out = {"sum_ok": bool(torch.equal(t.cpu(), torch.arange(4096, dtype=torch.float32))),
+           "grad_finite": bool(model.module.weight.grad.isfinite().all()),
+           "nccl_env": (os.environ.get("NCCL_SOCKET_NTHREADS"), os.environ.get("NCCL_NSOCKS_PERTHREAD"))}
+    del model
+    dist.destroy_process_group()
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_tensors_go_to_nccl_with_k_sockets():
+    [out] = run_ranks(_cuda_on_the_backend, 1, init=False, timeout=120)
+    assert out["sum_ok"] and out["grad_finite"]
+    assert out["nccl_env"] == ("4", "2")  # 8 sockets per NCCL connection, unless the user set either
