@@ -413,7 +413,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def measure_link(probe_bytes: int, repeats: int = 5) -> tuple[Link, dict]:
     """Measure this job's link with exact allreduces of two sizes (4 KB and ``probe_bytes``) on
-    the default group: median times fitted to ``hops * latency + bytes / bandwidth``. Call on
+    the default group: the slowest rank's median times, fitted by :func:`link_from_timings`. Call on
     every rank of a job initialized with ``check_collectives=False`` (an agreement check would
     add its own messages); returns the link and what was measured."""
     import torch
@@ -440,13 +440,40 @@ def measure_link(probe_bytes: int, repeats: int = 5) -> tuple[Link, dict]:
         verdict = torch.tensor([statistics.median(times)], dtype=torch.float64)
         comm.allreduce(verdict, op=comm.ReduceOp.MAX)  # the slowest rank's median: what a step waits for
         medians.append(float(verdict))
-    hops = [allreduce_hops(s, world, backend) for s in sizes]
-    moved = [2 * (world - 1) / world * s for s in sizes]
-    per_byte = max((medians[1] - medians[0] * hops[1] / hops[0]) / (moved[1] - moved[0] * hops[1] / hops[0]), 1e-12)
-    latency = max(0.0, (medians[0] - moved[0] * per_byte) / hops[0])
-    details = {"sizes_bytes": sizes, "median_s": medians, "hops": hops, "world_size": world, "backend": backend,
-               "repeats": repeats}
-    return Link(8 / per_byte, latency), details
+    details = {"sizes_bytes": sizes, "median_s": medians, "hops": [allreduce_hops(s, world, backend) for s in sizes],
+               "world_size": world, "backend": backend, "repeats": repeats}
+    return link_from_timings(sizes[0], medians[0], sizes[1], medians[1], world, backend), details
+
+
+def link_from_timings(small_bytes: float, small_s: float, large_bytes: float, large_s: float, world_size: int,
+                      backend: str = "gloo") -> Link:
+    """The link under two exact allreduces on ``world_size`` ranks as machines: their times fitted
+    to ``hops * latency + bytes on the busiest link / bandwidth`` (the pattern of an allreduce,
+    :func:`allreduce_hops`). The latency is what each message in sequence cost (0 where the small
+    one took less than its bytes: noise), the bandwidth the rate reached.
+
+    Example::
+
+        link_from_timings(4096, 0.0021, 16e6, 0.139, 2)   # Link(bandwidth_bit_s=9.8e8, latency_s=0.001)
+    """
+    if world_size < 2:
+        raise ValueError(f"an allreduce crosses a link only on 2 or more ranks, got world_size={world_size}")
+    if not (small_s > 0 and large_s > 0):
+        raise ValueError(f"the allreduces' times must be positive seconds, got {small_s} and {large_s}")
+    hops = [allreduce_hops(n, world_size, backend) for n in (small_bytes, large_bytes)]
+    moved = [2 * (world_size - 1) / world_size * n for n in (small_bytes, large_bytes)]
+    scale = hops[1] / hops[0]  # the large one's latencies, in units of the small one's
+    if not (small_bytes > 0 and moved[1] > moved[0] * scale):
+        raise ValueError(f"to tell latency from bandwidth the large allreduce must carry more bytes per message in "
+                         f"sequence than the small one; got {small_bytes:g} and {large_bytes:g} bytes ({hops[0]} and "
+                         f"{hops[1]} messages): pass a small size such as 4096 and a large one of several MB")
+    per_byte = (large_s - small_s * scale) / (moved[1] - moved[0] * scale)
+    if not per_byte > 0:
+        raise ValueError(
+            f"the {large_bytes:g}-byte allreduce took {large_s * 1e3:.3f} ms, no longer than {scale:g} x the "
+            f"{small_bytes:g}-byte one's {small_s * 1e3:.3f} ms ({hops[1]} and {hops[0]} messages in sequence): "
+            "no time left for its bytes. Measure again with a larger probe (--probe-mb) on a quieter machine")
+    return Link(8 / per_byte, max(0.0, (small_s - moved[0] * per_byte) / hops[0]))
 
 
 def steps_multipliers(overrides: Optional[dict[str, float]] = None) -> dict[str, Optional[float]]:

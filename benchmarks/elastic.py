@@ -15,6 +15,9 @@ Parts:
   started again (``run_c10d_scale``). Recovery: from the kill to the first step at world size 1,
   and from the joining agent's launch to the first step at world size 2; median over
   ``--c10d-trials``.
+- machines: the c10d part at 16 ranks, 8 agents of 2 workers (every agent a machine, as 8 x 2
+  GPUs): one whole machine is killed, the job goes on at 14 ranks from its last checkpoint and
+  takes the machine back (``run_machine_loss``; not in the default parts: ~5 min here).
 - checkpoint: a 2-rank torchrun job trains the 10M-parameter MLP of benchmarks/ddp.py
   (1024-1664x4-10, SGD with momentum, batch 64 per rank, gradient_allreduce) and times
   ``bagua.checkpoint.save_checkpoint`` against the step time; reported as the share of step
@@ -150,24 +153,31 @@ def sample_records(sample_dir: Path) -> list[dict]:
     return records
 
 
-def run_c10d_scale(workdir: Path, epochs: int = 40, timeout: float = 120.0) -> dict:
-    """Two torchrun agents on this machine (``--nnodes 1:2 --rdzv-backend c10d``, one worker each)
-    train examples/elastic_digits.py; agent B is killed (SIGKILL, with its worker) once the job
-    trains at world size 2, and started again once it has trained and checkpointed at world size 1.
+def run_c10d_scale(workdir: Path, epochs: int = 40, timeout: float = 120.0, agents: int = 2, nproc: int = 1,
+                   global_batch: int = 48, last_call_s: int = 1) -> dict:
+    """``agents`` torchrun agents on this machine, ``nproc`` workers each (``--nnodes
+    {agents-1}:{agents} --rdzv-backend c10d``: every agent a machine), train
+    examples/elastic_digits.py; the last agent is killed (SIGKILL, with its workers) once the job
+    trains at full size, and started again once the others have trained and checkpointed without
+    it. ``global_batch`` must divide by both world sizes; ``last_call_s``: how long a rendezvous
+    waits for latecomers once enough agents joined.
 
-    Returns the worlds of the attempts in order, the recovery times (kill -> first step at world
-    size 1; the joining agent's launch -> first step at world size 2), and the samples per epoch
-    (``trained_samples``). Raises RuntimeError naming the phase that did not happen in time.
+    Returns the worlds of the attempts in order, the recovery times (kill -> first step at the
+    smaller world; the joining agent's launch -> first step at full size again), and the samples
+    per epoch (``trained_samples``). Raises RuntimeError naming the phase that did not happen in
+    time.
     """
     port = free_port()
     samples, started = Path(workdir, "samples"), time.monotonic()
+    full, less = agents * nproc, (agents - 1) * nproc
+    conf = C10D_CONF.replace("last_call_timeout=1", f"last_call_timeout={last_call_s}")
 
     def agent(is_host: int, name: str) -> subprocess.Popen:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:2", "--nproc-per-node", "1",
-               "--max-restarts", "5", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-               "--rdzv-id", "scale", "--rdzv-conf", f"{C10D_CONF},is_host={is_host}", str(EXAMPLE),
-               "--epochs", str(epochs), "--checkpoint-every", "10", "--checkpoint-dir", str(Path(workdir, "ckpt")),
-               "--sample-log", str(samples)]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", f"{max(1, agents - 1)}:{agents}",
+               "--nproc-per-node", str(nproc), "--max-restarts", "5", "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "scale", "--rdzv-conf", f"{conf},is_host={is_host}",
+               str(EXAMPLE), "--epochs", str(epochs), "--global-batch", str(global_batch), "--checkpoint-every", "10",
+               "--checkpoint-dir", str(Path(workdir, "ckpt")), "--sample-log", str(samples)]
         # A joining node hangs ~60 s without TORCH_DISABLE_SHARE_RDZV_TCP_STORE (README, Elastic training)
         env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": "1"}
         sink = open(Path(workdir, f"{name}.log"), "a")
@@ -180,7 +190,7 @@ def run_c10d_scale(workdir: Path, epochs: int = 40, timeout: float = 120.0) -> d
             if condition(records):
                 return records
             time.sleep(0.2)
-        for proc in agents:
+        for proc in running:
             _kill_tree(proc.pid)
         logs = "\n".join(f"--- {p.name}\n" + p.read_text()[-3000:] for p in sorted(Path(workdir).glob("*.log")))
         raise RuntimeError(f"c10d scale test: {what} did not happen within {timeout:.0f} s\n{logs}")
@@ -188,24 +198,25 @@ def run_c10d_scale(workdir: Path, epochs: int = 40, timeout: float = 120.0) -> d
     def steps_at(world: int, after: float, records: list[dict]) -> list[int]:
         return sorted(r["step"] for r in records if r["world"] == world and r["time"] > after)
 
-    agents = [agent(1, "agent-a"), agent(0, "agent-b")]
-    # killed in epoch 1 (30 steps per epoch), past the checkpoint of step 40
-    wait_for("training at world size 2", lambda rs: max(steps_at(2, 0, rs), default=0) >= 45)
+    running = [agent(1 if i == 0 else 0, f"agent-{i}") for i in range(agents)]
+    # killed past the checkpoint of step 40 (epoch 1 at world size 2: 30 steps per epoch)
+    wait_for(f"training at world size {full}", lambda rs: max(steps_at(full, 0, rs), default=0) >= 45)
     killed = time.time()
-    _kill_tree(agents[1].pid)
-    agents[1].wait()
-    records = wait_for("training at world size 1, past a checkpoint", lambda rs: len(steps_at(1, killed, rs)) >= 12)
-    resumed_down = min(r["time"] for r in records if r["world"] == 1 and r["time"] > killed)
+    _kill_tree(running[-1].pid)
+    running[-1].wait()
+    records = wait_for(f"training at world size {less}, past a checkpoint",
+                       lambda rs: len(steps_at(less, killed, rs)) >= 12)
+    resumed_down = min(r["time"] for r in records if r["world"] == less and r["time"] > killed)
     joined = time.time()
-    agents.append(agent(0, "agent-b"))
-    records = wait_for("training at world size 2 again", lambda rs: steps_at(2, joined, rs))
-    resumed_up = min(r["time"] for r in records if r["world"] == 2 and r["time"] > joined)
-    wait_for("the end of training", lambda rs: all(p.poll() is not None for p in (agents[0], agents[2])))
+    running[-1] = agent(0, f"agent-{agents - 1}")
+    records = wait_for(f"training at world size {full} again", lambda rs: steps_at(full, joined, rs))
+    resumed_up = min(r["time"] for r in records if r["world"] == full and r["time"] > joined)
+    wait_for("the end of training", lambda rs: all(p.poll() is not None for p in running))
     worlds = {}
     for r in sorted(sample_records(samples), key=lambda r: r["attempt"]):
         worlds.setdefault(r["attempt"], r["world"])
     return {
-        "exit_codes": [agents[0].returncode, agents[2].returncode],
+        "exit_codes": [p.returncode for p in running],
         "worlds": list(worlds.values()),
         "recovery_down_s": resumed_down - killed,
         "recovery_up_s": resumed_up - joined,
@@ -230,6 +241,28 @@ def run_c10d_trials(trials: int) -> dict:
     return {"trials": trials, "ok": len(down), "failures": failures, "recovery_down_s": down, "recovery_up_s": up,
             "median_down_s": statistics.median(down) if down else None,
             "median_up_s": statistics.median(up) if up else None}
+
+
+def run_machine_loss(agents: int = 8, nproc: int = 2, epochs: int = 16, timeout: float = 600.0) -> dict:
+    """A 16-rank job (8 agents of 2 workers: every agent a machine) loses a whole machine, goes on
+    at 14 ranks and takes the machine back (``run_c10d_scale``); checks that every epoch, gathered
+    over the attempts, trained every sample once up to the sampler's padding."""
+    with tempfile.TemporaryDirectory() as workdir:
+        started = time.monotonic()
+        # 112 divides by 16 and by 14; a longer last call lets all 8 agents join the first round
+        result = run_c10d_scale(Path(workdir), epochs=epochs, timeout=timeout, agents=agents, nproc=nproc,
+                                global_batch=112, last_call_s=5)
+    full = agents * nproc
+    exact = all(sorted(set(samples)) == list(range(1437)) and len(samples) <= 1437 + full
+                for samples in result["epochs"].values())
+    summary = {"agents": agents, "workers_per_agent": nproc, "exit_codes": result["exit_codes"],
+               "worlds": result["worlds"], "recovery_down_s": result["recovery_down_s"],
+               "recovery_up_s": result["recovery_up_s"], "epochs": len(result["epochs"]),
+               "every_sample_once_per_epoch": exact, "elapsed_s": time.monotonic() - started}
+    print(f"machines: worlds {summary['worlds']}, exit codes {summary['exit_codes']}, down "
+          f"{summary['recovery_down_s']:.1f} s, up {summary['recovery_up_s']:.1f} s, every sample once per "
+          f"epoch: {exact}", flush=True)
+    return summary
 
 
 def _kill_tree(pid: int) -> None:
@@ -301,7 +334,7 @@ def run_checkpoint(interval: int) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--parts", nargs="+", choices=["restarts", "c10d", "checkpoint"],
+    p.add_argument("--parts", nargs="+", choices=["restarts", "c10d", "machines", "checkpoint"],
                    default=["restarts", "c10d", "checkpoint"])
     p.add_argument("--trials", type=int, default=20)
     p.add_argument("--c10d-trials", type=int, default=3)
@@ -320,6 +353,8 @@ def main(argv=None) -> int:
         report["restarts"] = run_restarts(args.trials)
     if "c10d" in args.parts:
         report["c10d"] = run_c10d_trials(args.c10d_trials)
+    if "machines" in args.parts:
+        report["machines"] = run_machine_loss()
     if "checkpoint" in args.parts:
         report["checkpoint"] = run_checkpoint(args.interval)
     print(json.dumps(report, indent=1, default=str))

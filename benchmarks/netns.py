@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""Run N ranks of a torchrun-style job, each in its own network namespace, over shaped links.
+"""Run N ranks of a torchrun-style job on emulated machines (network namespaces), over shaped links.
 
 The command line of ``benchmarks/network`` (see :class:`benchmarks.network.ShapedNetwork`):
-every rank its own "node", links capped at ``--rate`` in both directions (each TCP connection
-at ``--per-flow-rate``), ``--delay`` ms apart one way (a userspace delay line in a router
-namespace), TCP congestion control pinned (``--tcp-cc``, cubic by default).
+every rank its own machine (``--ranks N``), or ``--machines M --ranks-per-machine R`` (the R
+ranks of a machine share its namespace and talk over its loopback, uncapped), links capped at
+``--rate`` in both directions (each TCP connection at ``--per-flow-rate``), ``--delay`` ms apart
+one way (a userspace delay line in a router namespace), TCP congestion control pinned
+(``--tcp-cc``, cubic by default).
 
 CLI::
 
     python benchmarks/netns.py --ranks 2 --rate 100mbit -- python train.py --epochs 1
+    python benchmarks/netns.py --machines 4 --ranks-per-machine 2 --rate 100mbit -- python train.py
     python benchmarks/netns.py --ranks 2 --rate 1gbit --per-flow-rate 250mbit -- python train.py
     python benchmarks/netns.py --ranks 4 --rate 1gbit --delay 5/0.5 -- python train.py
     python benchmarks/netns.py --cleanup          # remove leftovers of killed runs
@@ -53,7 +56,13 @@ def _parser() -> argparse.ArgumentParser:
             "two ranks takes 10 ms more"
         ),
     )
-    p.add_argument("--ranks", type=int, default=2, help="number of ranks/namespaces (default 2)")
+    p.add_argument("--ranks", type=int, default=None,
+                   help="number of ranks, each a machine of its own (default 2; or --machines)")
+    p.add_argument("--machines", type=int, default=None,
+                   help="number of machines (namespaces), each with --ranks-per-machine ranks")
+    p.add_argument("--ranks-per-machine", type=int, default=1,
+                   help="ranks sharing each machine's namespace and loopback, uncapped among themselves "
+                        "(default 1)")
     p.add_argument(
         "--rate", default="100mbit",
         help="per-link cap in tc syntax (100mbit, 1gbit, 12.5mbps) or 'none' (default 100mbit)",
@@ -115,16 +124,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if not cmd:
             parser.error("give the command after --, e.g. -- python train.py")
+        if args.ranks is not None and args.machines is not None:
+            parser.error("give --ranks (a machine each) or --machines with --ranks-per-machine, not both")
+        if args.ranks is not None and args.ranks_per_machine != 1:
+            parser.error("--ranks-per-machine goes with --machines (ranks = machines x ranks per machine)")
+        if args.machines is not None and args.machines < 1:
+            parser.error(f"--machines must be at least 1, got {args.machines}")
+        ranks = args.ranks if args.ranks is not None else (args.machines or 2) * args.ranks_per_machine
         try:
             net = ShapedNetwork(
-                args.ranks, args.rate, per_flow_rate=args.per_flow_rate, delay=args.delay,
-                tcp_cc=args.tcp_cc, master_port=args.master_port,
+                ranks, args.rate, per_flow_rate=args.per_flow_rate, delay=args.delay,
+                tcp_cc=args.tcp_cc, master_port=args.master_port, ranks_per_machine=args.ranks_per_machine,
             )
         except ValueError as e:
             parser.error(str(e))
         with net:
             print(
-                f"netns: {net.ranks} ranks, rate {net.shaping or 'unlimited'}, delay "
+                f"netns: {net.ranks} ranks on {net.machines} machine(s), rate {net.shaping or 'unlimited'}, delay "
                 f"{net.delay or 'none'}, TCP {net.tcp_cc}, 10.213.{net.subnet}.0/24, "
                 f"prefix {net.prefix}",
                 file=sys.stderr, flush=True,
@@ -132,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.print_env:
                 for i in range(net.ranks):
                     env = " ".join(f"{k}={v}" for k, v in net.rank_env(i).items())
-                    print(f"[rank {i}] {net.namespaces[i]}: {env}", file=sys.stderr)
+                    print(f"[rank {i}] {net.machine_namespace(i)}: {env}", file=sys.stderr)
             net.run(cmd, timeout=args.timeout)
         return 0
     except RankTimeoutError as e:

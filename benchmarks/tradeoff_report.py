@@ -21,7 +21,7 @@ import re
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -30,6 +30,9 @@ sys.path.insert(0, str(HERE))
 from ddp_report import COLORS, LABELS  # noqa: E402
 from tradeoff import EPOCH_STEPS, SETTINGS, VARIANTS, results_path  # noqa: E402
 from tradeoff_fit import ADVISE_NAME, fit_results  # noqa: E402
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 GUIDE = ROOT / "docs" / "choosing_an_algorithm.md"
 RESULTS_MD = HERE / "RESULTS.md"
@@ -285,8 +288,9 @@ def target_markdown(results: dict[str, Any]) -> str:
             "exact ones do not.")
 
 
-def plot(results: dict[str, Any], fit: Optional[dict[str, Any]], path: Path) -> None:
-    """The paper's two panels: epoch against bandwidth (0 ms, log-log) and against latency (1 Gbit/s)."""
+def plot(results: dict[str, Any], fit: Optional[dict[str, Any]], path: Path) -> Figure:
+    """The paper's two panels: epoch against bandwidth (0 ms, log-log) and against latency (1 Gbit/s),
+    saved to ``path``; returns the figure (closed: its axes and lines hold what was drawn)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -329,10 +333,12 @@ def plot(results: dict[str, Any], fit: Optional[dict[str, Any]], path: Path) -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return fig
 
 
-def plot_paper(fit: dict[str, Any], path: Path) -> None:
-    """The model at the paper's scale (scenario A solid, B dashed) and the paper's epoch times (dots)."""
+def plot_paper(fit: dict[str, Any], path: Path) -> Figure:
+    """The model at the paper's scale (scenario A solid, B dashed) and the paper's epoch times (dots),
+    saved to ``path``; returns the figure (closed: its axes and lines hold what was drawn)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -362,6 +368,7 @@ def plot_paper(fit: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return fig
 
 
 def replace_section(path: Path, text: str, begin: str = BEGIN, end: str = END) -> None:

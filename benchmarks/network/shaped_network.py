@@ -1,7 +1,11 @@
-"""N ranks of a torchrun-style job, each in its own network namespace, over shaped links.
+"""N ranks of a torchrun-style job on emulated machines, each a network namespace, over shaped links.
 
-Every rank becomes its own "node" (``LOCAL_WORLD_SIZE=1``) in a private network namespace with
-one veth leg. Without a delay the other legs hang off a Linux bridge in the root namespace; with
+Every machine is a private network namespace with one veth leg; by default each rank is a machine
+of its own (``LOCAL_WORLD_SIZE=1``). With ``ranks_per_machine=R`` the R ranks of a machine share
+its namespace, as a machine's GPUs share NVLink: they reach each other over its loopback,
+uncapped and undelayed (the kernel routes traffic to the namespace's own address through ``lo``),
+and other machines only through the leg, and each rank gets the variables torchrun gives it on
+such a cluster (``LOCAL_RANK``, ``LOCAL_WORLD_SIZE=R``, ``GROUP_RANK`` = its machine, ...). Without a delay the other legs hang off a Linux bridge in the root namespace; with
 one (``delay=``) they end in a router namespace that passes every packet through the delay line
 (``router.py``). With a rate given, a ``tbf`` qdisc caps both directions of every leg (egress
 inside the namespace, and egress of the host-side leg towards it), so all rank-to-rank traffic
@@ -59,7 +63,8 @@ class ShapedNetwork:
     Ctrl-C or SIGTERM) tears them down.
 
     Args:
-        ranks: number of namespaces (= ranks = "nodes"), 1..254.
+        ranks: number of ranks, a multiple of ``ranks_per_machine``; the machines (namespaces)
+            are ``ranks // ranks_per_machine``, 1..254.
         rate: per-link cap, tc syntax ("100mbit", "1gbit", "50mbps"); None or "none": no cap.
         per_flow_rate: also cap each TCP connection at this rate (at most ``rate``), in both
             directions, for connections made at any time (``self.flow_watcher`` keeps one
@@ -71,6 +76,8 @@ class ShapedNetwork:
             /proc/sys/net/ipv4/tcp_available_congestion_control).
         master_port: MASTER_PORT given to the ranks (each namespace is private, so it is free).
         subnet: third octet of the 10.213.<subnet>.0/24 used; default: random per invocation.
+        ranks_per_machine: ranks sharing each machine's namespace (default 1), laid out machine
+            by machine as torchrun lays them out: rank ``r`` on machine ``r // ranks_per_machine``.
 
     Attributes:
         router: the router namespace with the delay line (None without a delay).
@@ -85,6 +92,8 @@ class ShapedNetwork:
             ...  # one connection gets 250 Mbit/s, four or more share 1 Gbit/s
         with ShapedNetwork(ranks=4, rate="1gbit", delay="5") as net:
             ...  # a ping between two ranks takes 10 ms more
+        with ShapedNetwork(ranks=8, ranks_per_machine=2, rate="100mbit") as net:
+            ...  # 4 machines of 2 ranks: ranks 0 and 1 share machine 0's namespace
     """
 
     def __init__(
@@ -96,14 +105,22 @@ class ShapedNetwork:
         tcp_cc: str = DEFAULT_TCP_CC,
         master_port: int = DEFAULT_MASTER_PORT,
         subnet: int | None = None,
+        ranks_per_machine: int = 1,
     ) -> None:
-        if not isinstance(ranks, int) or isinstance(ranks, bool) or not 1 <= ranks <= MAX_RANKS:
-            raise ValueError(f"ranks must be an int in [1, {MAX_RANKS}], got {ranks!r}")
+        per = ranks_per_machine
+        if not isinstance(per, int) or isinstance(per, bool) or per < 1:
+            raise ValueError(f"ranks_per_machine must be a positive int, got {per!r}")
+        if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1 or ranks % per \
+                or not ranks // per <= MAX_RANKS:
+            raise ValueError(f"ranks must be a multiple of ranks_per_machine={per} with at most {MAX_RANKS} "
+                             f"machines, got {ranks!r}")
         if not isinstance(master_port, int) or not 1 <= master_port <= 65535:
             raise ValueError(f"master_port must be in [1, 65535], got {master_port!r}")
         if subnet is not None and not (isinstance(subnet, int) and 0 <= subnet <= 255):
             raise ValueError(f"subnet must be an int in [0, 255] or None, got {subnet!r}")
         self.ranks = ranks
+        self.ranks_per_machine = per
+        self.machines = ranks // per
         self.rate_bit = parse_rate(rate)
         self.per_flow_bit = parse_rate(per_flow_rate)
         if self.per_flow_bit is not None and self.rate_bit is None:
@@ -137,15 +154,16 @@ class ShapedNetwork:
                 if not (_link_exists(f"{self.prefix}br")
                         or os.path.exists(f"/run/netns/{self.prefix}r0")):
                     break
-        self.namespaces = [f"{self.prefix}r{i}" for i in range(ranks)]
-        self.host_legs = [f"{self.prefix}h{i}" for i in range(ranks)]
+        # one namespace, leg and address per machine
+        self.namespaces = [f"{self.prefix}r{i}" for i in range(self.machines)]
+        self.host_legs = [f"{self.prefix}h{i}" for i in range(self.machines)]
         self.bridge = f"{self.prefix}br"
         self.router = None if self.delay is None else Router(f"{self.prefix}rt", self.delay)
         self.delay_stats: dict | None = None
         for name in self.host_legs + [self.bridge]:
             if len(name) > _IFNAMSIZ:  # cannot happen for pid <= 2**22 and ranks <= 254
                 raise NetnsError(f"interface name {name!r} is longer than {_IFNAMSIZ} characters")
-        self.addresses = [f"{SUBNET_BASE}.{self.subnet}.{i + 1}" for i in range(ranks)]
+        self.addresses = [f"{SUBNET_BASE}.{self.subnet}.{i + 1}" for i in range(self.machines)]
         self.outputs: list[str] = []
         self.returncodes: list[int | None] = []
         self._up = False
@@ -175,7 +193,7 @@ class ShapedNetwork:
         self._up = True  # from here on, teardown() has something to do
         logger.info(
             "creating %d namespaces %s..%s, 10.213.%d.0/24, rate %s, delay %s, TCP %s",
-            self.ranks, self.namespaces[0], self.namespaces[-1], self.subnet,
+            self.machines, self.namespaces[0], self.namespaces[-1], self.subnet,
             self.shaping or "unlimited", self.delay or "none", self.tcp_cc,
         )
         if self.router is None:
@@ -358,12 +376,14 @@ class ShapedNetwork:
         """
         if not 0 <= rank < self.ranks:
             raise ValueError(f"rank must be in [0, {self.ranks}), got {rank}")
+        machine, local = divmod(rank, self.ranks_per_machine)
         return {
             "RANK": str(rank),
             "WORLD_SIZE": str(self.ranks),
-            "LOCAL_RANK": "0",
-            "LOCAL_WORLD_SIZE": "1",
-            "GROUP_RANK": str(rank),
+            "LOCAL_RANK": str(local),
+            "LOCAL_WORLD_SIZE": str(self.ranks_per_machine),
+            "GROUP_RANK": str(machine),
+            "GROUP_WORLD_SIZE": str(self.machines),
             "ROLE_RANK": str(rank),
             "ROLE_WORLD_SIZE": str(self.ranks),
             "MASTER_ADDR": self.addresses[0],
@@ -374,9 +394,13 @@ class ShapedNetwork:
         }
 
     def rank_argv(self, rank: int, cmd: Sequence[str]) -> list[str]:
-        """The full command line that starts ``cmd`` as ``rank`` inside its namespace."""
+        """The full command line that starts ``cmd`` as ``rank`` inside its machine's namespace."""
         env = [f"{k}={v}" for k, v in self.rank_env(rank).items()]
-        return ["ip", "netns", "exec", self.namespaces[rank], "env", *env, *cmd]
+        return ["ip", "netns", "exec", self.machine_namespace(rank), "env", *env, *cmd]
+
+    def machine_namespace(self, rank: int) -> str:
+        """The namespace of ``rank``'s machine."""
+        return self.namespaces[rank // self.ranks_per_machine]
 
     def run(
         self,
@@ -414,7 +438,8 @@ class ShapedNetwork:
         if not cmd:
             raise ValueError("cmd must name a program, got an empty command")
         cmd = [str(c) for c in cmd]
-        job = RankJob([self.rank_argv(i, cmd) for i in range(self.ranks)], self.namespaces, self.prefix)
+        job = RankJob([self.rank_argv(i, cmd) for i in range(self.ranks)],
+                      [self.machine_namespace(i) for i in range(self.ranks)], self.prefix)
         try:
             return job.run(timeout, check=check, stream=stream, echo=echo, env=env)
         finally:
@@ -422,7 +447,8 @@ class ShapedNetwork:
 
     def __repr__(self) -> str:
         return (
-            f"ShapedNetwork(ranks={self.ranks}, rate={self.shaping or 'none'}, "
+            f"ShapedNetwork(ranks={self.ranks}, ranks_per_machine={self.ranks_per_machine}, "
+            f"rate={self.shaping or 'none'}, "
             f"delay={self.delay or 'none'}, tcp_cc={self.tcp_cc!r}, "
             f"prefix={self.prefix!r}, subnet=10.213.{self.subnet}.0/24)"
         )

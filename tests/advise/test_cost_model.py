@@ -1,5 +1,6 @@
-"""The cost model of bagua.advise: message counts from the code, the overlap arithmetic, and the
-pattern's bytes against what the algorithms really send (bagua's traffic counters, 3 real ranks)."""
+"""The cost model of bagua.advise: message counts from the code, the overlap arithmetic, the link
+from two allreduces' timings, and the pattern's bytes against what the algorithms really send
+(bagua's traffic counters, 3 real ranks; the network's own: ``test_pattern_on_the_wire.py``)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import torch
 
 import bagua
 from bagua.advise import (
-    ALGORITHMS, SIGN1_BYTES_PER_ELEMENT, UINT8_BYTES_PER_ELEMENT, Collective, Constants, Link, allreduce_hops, cpu_slowdown,
-    default_buckets, exposed_time,
-    message_pattern, predict, predict_all,
+    ALGORITHMS, SIGN1_BYTES_PER_ELEMENT, UINT8_BYTES_PER_ELEMENT, Collective, Constants, Link, allreduce_hops,
+    collective_time, cpu_slowdown, default_buckets, exposed_time, link_from_timings, message_pattern, predict,
+    predict_all,
 )
 from bagua.comm.compression import MinMaxUInt8, Sign1
 from tests.harness import run_ranks
@@ -124,6 +125,34 @@ def test_predict_all_ranks_fastest_first_and_buckets_at_25_mib():
     assert found[0].algorithm == "async" and found[-1].algorithm in ("torch-ddp", "gradient_allreduce", "decentralized")
     with pytest.raises(ValueError, match="multiple of ranks_per_machine"):
         predict_all(340e6, 12, Link(1e9), ranks_per_machine=8)
+
+
+@pytest.mark.parametrize("world, backend", [(2, "gloo"), (3, "gloo"), (8, "gloo"), (4, "nccl")])
+@pytest.mark.parametrize("link", [Link(1e9, 0.002), Link(100e6, 20e-6), Link(10e9, 0.0)])
+def test_the_link_is_recovered_from_timings_of_a_known_link(world, backend, link):
+    """measure_link's two exact allreduces (4 KB and 16 MB) timed as the model has them on a known
+    link: bandwidth and latency come back within 1%."""
+    def took(nbytes: float) -> float:
+        allreduce, = message_pattern("gradient_allreduce", [nbytes], world, backend=backend)
+        return sum(collective_time(allreduce, link, Constants()))
+
+    found = link_from_timings(4096, took(4096), 16e6, took(16e6), world, backend)
+    assert found.bandwidth_bit_s == pytest.approx(link.bandwidth_bit_s, rel=0.01)
+    assert found.latency_s == pytest.approx(link.latency_s, rel=0.01, abs=1e-9)
+
+
+def test_nonsense_timings_are_named():
+    with pytest.raises(ValueError, match=r"the 1.6e\+07-byte allreduce took 1.000 ms, no longer than 4 x the "
+                                         r"4096-byte one's 2.000 ms \(8 and 2 messages in sequence\)"):
+        link_from_timings(4096, 0.002, 16e6, 0.001, 2)  # the large one faster than the small one
+    with pytest.raises(ValueError, match="no longer than 3 x"):  # slower, but not by its 12 latencies to 4
+        link_from_timings(4096, 0.010, 16e6, 0.029, 3)
+    with pytest.raises(ValueError, match="must carry more bytes per message in sequence than the small one; got 1.6e"):
+        link_from_timings(16e6, 0.1, 4096, 0.002, 2)
+    with pytest.raises(ValueError, match="2 or more ranks, got world_size=1"):
+        link_from_timings(4096, 0.002, 16e6, 0.1, 1)
+    with pytest.raises(ValueError, match="times must be positive seconds, got 0.0"):
+        link_from_timings(4096, 0.0, 16e6, 0.1, 2)
 
 
 def _one_step_traffic(rank: int, name: str) -> dict:

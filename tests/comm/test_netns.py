@@ -166,3 +166,64 @@ def test_cli_streams_rank0_and_propagates_exit_code(tmp_path):
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     assert prefix not in namespaces and prefix not in links
+
+
+MACHINES_SCRIPT = textwrap.dedent(
+    """
+    import json, os, torch, bagua
+    bagua.init_process_group()  # torchrun's variables, as netns.py gives them
+    tx = lambda: int(open("/sys/class/net/veth0/statistics/tx_bytes").read())
+    values = 1 << 19  # 2 MB of fp32
+    sent = {}
+    for name, group in (("intra", bagua.comm.get_intra_node_group()), ("inter", bagua.comm.get_inter_node_group())):
+        bagua.comm.barrier()
+        before = tx()
+        bagua.comm.barrier()
+        t = torch.full((values,), float(bagua.get_rank()))
+        bagua.comm.allreduce(t, group=group)
+        bagua.comm.barrier()
+        sent[name] = tx() - before  # both ranks of this machine, barriers included
+    env = {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE")}
+    print("MACHINES " + json.dumps({"env": env, "sent": sent, "local_size": bagua.get_local_size(),
+                                    "intra": list(bagua.comm.get_intra_node_group().ranks)}), flush=True)
+    bagua.destroy_process_group()
+    """
+)
+
+
+def _machine_reports(net) -> list[dict]:
+    import json
+
+    return [json.loads(next(line for line in out.splitlines() if line.startswith("MACHINES "))[len("MACHINES "):])
+            for out in net.outputs]
+
+
+@needs_netns
+@pytest.mark.timeout(120)
+def test_ranks_of_a_machine_share_its_namespace_and_only_machines_cross_the_link():
+    with ShapedNetwork(ranks=4, ranks_per_machine=2, rate="1gbit") as net:
+        assert net.machines == 2 and len(net.namespaces) == 2
+        assert net.machine_namespace(1) == net.namespaces[0] and net.machine_namespace(2) == net.namespaces[1]
+        env = net.rank_env(3)
+        assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], env["GROUP_RANK"], env["GROUP_WORLD_SIZE"]) == ("1", "2", "1", "2")
+        assert env["MASTER_ADDR"] == net.addresses[0]
+        assert net.run([sys.executable, "-c", MACHINES_SCRIPT], timeout=90, echo=False) == [0] * 4
+        reports = _machine_reports(net)
+    assert ours(net) == ([], [])
+    for rank, report in enumerate(reports):
+        assert report["local_size"] == 2 and report["intra"] == [rank // 2 * 2, rank // 2 * 2 + 1]
+        # the machine's two ranks allreduce over its loopback: nothing but the barriers' bytes leaves it
+        assert report["sent"]["intra"] < 100_000, report
+        # rank r and r+2 allreduce 2 MB over the link: each sends 2 MB, the machine's two ranks 4 MB
+        assert 4_000_000 < report["sent"]["inter"] < 5_000_000, report
+
+
+@needs_netns
+@pytest.mark.timeout(60)
+def test_one_rank_per_machine_is_the_default_layout():
+    with ShapedNetwork(ranks=3, rate="none") as net:
+        assert net.machines == 3 and [net.machine_namespace(r) for r in range(3)] == net.namespaces
+        env = net.rank_env(2)
+        assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], env["GROUP_RANK"], env["GROUP_WORLD_SIZE"]) == ("0", "1", "2", "3")
+    with pytest.raises(ValueError, match="multiple of ranks_per_machine=2"):
+        ShapedNetwork(ranks=3, ranks_per_machine=2)
