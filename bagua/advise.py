@@ -3,8 +3,10 @@
 A training step costs its compute, plus whatever communication the step cannot hide. Each
 algorithm's step is a list of collectives (:func:`message_pattern`), counted from the code: for
 each, the bytes the busiest link carries and the messages that must follow each other (hops:
-each waits for the one before it to arrive, so each costs one one-way latency). A collective
-takes ``hops * (message_s + latency_factor * latency) + bytes / (efficiency * bandwidth)``, the
+each waits for the one before it to arrive) and the one-way latencies they cost
+(:func:`one_way_delays`: on Gloo a message whose receive was not posted ahead waits for the
+receiver's announcement to cross first, a round trip). A collective takes
+``hops * message_s + delays * latency_factor * latency + bytes / (efficiency * bandwidth)``, the
 efficiency that of its transport (an exact ring, the compressed allreduce, the ring exchange).
 What overlaps with compute follows the engine (``bagua.comm.engine``): gradient buckets leave
 in order as backward fills them (torch DDP alike), and so does qadam's momentum (speculated;
@@ -111,8 +113,9 @@ class Constants:
 
     Args:
         message_s: fixed cost of each message in sequence (wake-ups, framing), seconds.
-        latency_factor: one-way latencies each message in sequence costs (TCP's slow start
-            after an idle link makes it more than 1).
+        latency_factor: what each one-way latency of :func:`one_way_delays` really costs, in
+            one-way latencies (1: the delay alone; more where TCP's slow start after an idle link,
+            or the software at both ends, adds to it).
         efficiency: share of the link's rate an exact (ring) allreduce reaches.
         backward_share: share of the step's compute that backward takes (forward: half of it).
         compressed_efficiency: the same for bagua's compressed allreduce (chunks to every peer at
@@ -253,9 +256,32 @@ def cpu_slowdown(processes: float, cores: float, background: float = 0.0) -> flo
     return max(1.0, (processes + background) / cores)
 
 
-def collective_time(c: Collective, link: Link, constants: Constants) -> tuple[float, float]:
-    """(latency part, transfer part) of one collective's time, seconds."""
-    latency = c.hops * (constants.message_s + constants.latency_factor * link.latency_s)
+def one_way_delays(c: Collective, backend: str = "gloo") -> float:
+    """The one-way latencies ``c``'s messages in sequence cost.
+
+    Gloo sends a message only once the receiver's announcement that its buffer is ready has
+    crossed (``bagua.comm.p2p``): a message whose receive was not posted ahead costs a round trip,
+    two latencies. Every step of a ring does, and so does the ring exchange. Bagua's compressed
+    allreduce posts every receive before it sends: its first hop pays the round trip (the peers
+    post at the same moment), its second (the reduced chunks, long awaited) one latency. NCCL's
+    connections hold their buffers ahead: one latency a message. Measured under a 20 ms delay line
+    (tests/advise/test_pattern_on_the_wire.py, 3 ranks): 8.2, 3.2 and 2.1 one-way delays for a
+    4-hop ring, the compressed allreduce and the ring exchange.
+
+    Example::
+
+        one_way_delays(Collective("allreduce", 4096, 4, "none"))   # 8.0
+    """
+    if backend == "nccl" or c.hops == 0:
+        return float(c.hops)
+    if TRANSPORT.get(c.what, "ring") == "compressed":
+        return 2.0 * c.hops - 1
+    return 2.0 * c.hops
+
+
+def collective_time(c: Collective, link: Link, constants: Constants, backend: str = "gloo") -> tuple[float, float]:
+    """(latency part, transfer part) of one collective's time on ``backend``, seconds."""
+    latency = c.hops * constants.message_s + one_way_delays(c, backend) * constants.latency_factor * link.latency_s
     transfer = 8 * c.nbytes / (constants.efficiency_of(TRANSPORT.get(c.what, "ring")) * link.bandwidth_bit_s)
     return latency, transfer
 
@@ -289,7 +315,7 @@ def predict(algorithm: str, buckets: Sequence[float], world_size: int, link: Lin
         raise ValueError(f"need a positive bandwidth, latency >= 0 and compute >= 0, got {link} and {compute_s}")
     if pattern is None:
         pattern = message_pattern(algorithm, buckets, world_size, ranks_per_machine, backend)
-    parts = [collective_time(c, link, constants) for c in pattern]
+    parts = [collective_time(c, link, constants, backend) for c in pattern]
     times = [a + b for a, b in parts]
     exposed = exposed_time(pattern, times, compute_s, constants.backward_share)
     on_step = [(c, p) for c, p in zip(pattern, parts) if c.overlap != "background"]
@@ -448,13 +474,15 @@ def measure_link(probe_bytes: int, repeats: int = 5) -> tuple[Link, dict]:
 def link_from_timings(small_bytes: float, small_s: float, large_bytes: float, large_s: float, world_size: int,
                       backend: str = "gloo") -> Link:
     """The link under two exact allreduces on ``world_size`` ranks as machines: their times fitted
-    to ``hops * latency + bytes on the busiest link / bandwidth`` (the pattern of an allreduce,
-    :func:`allreduce_hops`). The latency is what each message in sequence cost (0 where the small
-    one took less than its bytes: noise), the bandwidth the rate reached.
+    to ``hops * per-message cost + bytes on the busiest link / bandwidth`` (the pattern of an
+    allreduce, :func:`allreduce_hops`). The latency returned is one way: the per-message cost over
+    the one-way latencies a ring's message costs on ``backend`` (:func:`one_way_delays`: 2 on Gloo,
+    1 on NCCL); 0 where the small one took less than its bytes (noise). The bandwidth is the rate
+    reached.
 
     Example::
 
-        link_from_timings(4096, 0.0021, 16e6, 0.139, 2)   # Link(bandwidth_bit_s=9.8e8, latency_s=0.001)
+        link_from_timings(4096, 0.0041, 16e6, 0.139, 2)   # Link(bandwidth_bit_s=9.8e8, latency_s=0.001)
     """
     if world_size < 2:
         raise ValueError(f"an allreduce crosses a link only on 2 or more ranks, got world_size={world_size}")
@@ -473,7 +501,9 @@ def link_from_timings(small_bytes: float, small_s: float, large_bytes: float, la
             f"the {large_bytes:g}-byte allreduce took {large_s * 1e3:.3f} ms, no longer than {scale:g} x the "
             f"{small_bytes:g}-byte one's {small_s * 1e3:.3f} ms ({hops[1]} and {hops[0]} messages in sequence): "
             "no time left for its bytes. Measure again with a larger probe (--probe-mb) on a quieter machine")
-    return Link(8 / per_byte, max(0.0, (small_s - moved[0] * per_byte) / hops[0]))
+    per_message = max(0.0, (small_s - moved[0] * per_byte) / hops[0])
+    delays_per_message = one_way_delays(Collective("allreduce", small_bytes, hops[0], "none"), backend) / hops[0]
+    return Link(8 / per_byte, per_message / delays_per_message)
 
 
 def steps_multipliers(overrides: Optional[dict[str, float]] = None) -> dict[str, Optional[float]]:
@@ -579,8 +609,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     header = (f"{args.params / 1e6:g}M parameters (fp32), {world} ranks, {rpm} per machine, "
               f"{link.bandwidth_bit_s / 1e6:g} Mbit/s, {link.latency_s * 1e3:g} ms one way, {backend}")
     if measured:
-        header = (f"measured: {link.bandwidth_bit_s / 1e6:.0f} Mbit/s and {link.latency_s * 1e3:.3f} ms per message "
-                  f"in sequence, from exact allreduces of {measured['sizes_bytes'][0] / 1e3:g} KB and "
+        header = (f"measured: {link.bandwidth_bit_s / 1e6:.0f} Mbit/s and {link.latency_s * 1e3:.3f} ms one way "
+                  f"(what each message in sequence costs, over its one-way latencies), from exact allreduces of {measured['sizes_bytes'][0] / 1e3:g} KB and "
                   f"{measured['sizes_bytes'][1] / 1e6:g} MB on {measured['world_size']} ranks ({backend}; "
                   f"medians {measured['median_s'][0] * 1e3:.2f} ms and {measured['median_s'][1] * 1e3:.1f} ms)\n" + header)
     print(report(found, header, args.compute_ms is not None, multipliers, [name for name, _ in args.steps_multiplier]))

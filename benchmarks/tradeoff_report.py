@@ -169,7 +169,9 @@ def fit_markdown(fit: dict[str, Any]) -> str:
     eff = {k: c.get(k) if c.get(k) is not None else c["efficiency"] for k in ("compressed_efficiency", "exchange_efficiency")}
     machine, scale = fit.get("machine", {}), fit.get("compute_scale", {})
     lines = [f"Fitted on {', '.join(fit['fit_settings'])} (log least squares; the split as first chosen, each sweep's ends "
-             f"and middle, unchanged): {c['latency_factor']:.2f} one-way latencies per message in sequence; share of the "
+             f"and middle, unchanged): latency factor {c['latency_factor']:.2f} (what each one-way latency that "
+             "`bagua.advise.one_way_delays` counts really cost: on Gloo 2 per message in sequence, a round trip, unless "
+             "its receive was posted ahead); share of the "
              f"link rate reached by an exact ring allreduce {c['efficiency']:.2f}, by the compressed allreduce "
              f"{eff['compressed_efficiency']:.2f}, by the ring exchange {eff['exchange_efficiency']:.2f}; backward "
              f"{c['backward_share']:.2f} of compute; compute per step: "
@@ -268,8 +270,8 @@ def paper_markdown(fit: dict[str, Any]) -> str:
             f"(exact within a machine), {s['steps_per_epoch']:.0f} steps an epoch, backward "
             f"{a['constants']['backward_share']:.2f} of compute (fitted here); compute per step A "
             f"{a['compute_s'] * 1e3:.0f} ms, B to D {b['compute_s'] * 1e3:.0f} ms; B to D's link ceiling "
-            f"{b['ceiling_bit_s'] / 1e9:.1f} Gbit/s; C: {paper['cases']['C']['constants']['latency_factor']:.1f} one-way "
-            "latencies per message.")
+            f"{b['ceiling_bit_s'] / 1e9:.1f} Gbit/s; C: latency factor {paper['cases']['C']['constants']['latency_factor']:.1f} "
+            "(fitted on this sweep's Gloo, applied to NCCL's one latency a message).")
     return "\n\n".join([head, _table(["algorithm", "link", "paper, s", *[f"model {c}, s" for c in cases],
                                        "messages in sequence per step"], rows),
                          "Seconds of epoch per ms of one-way latency (0 to 5 ms at 100 Gbit/s):",
@@ -409,10 +411,10 @@ def paper_notes(fit: dict[str, Any]) -> str:
         f"- **Latency, bytegrad and qadam** (model {slopes['bytegrad']['A']:.0f} and {slopes['qadam']['A']:.0f} s per ms, "
         f"paper {slopes['bytegrad']['paper']:.0f} and {slopes['qadam']['paper']:.0f}): the model lets both send 2 "
         "messages per bucket hidden behind backward (qadam's momentum goes bucket by bucket during backward, then one "
-        "small verdict allreduce); the paper's slopes say each bucket's messages were paid in full. Transfers also "
-        "take more than one latency each where TCP restarts slow start on a link idle "
-        f"since the last step (each message cost {fit['constants']['latency_factor']:.1f} one-way latencies by the "
-        f"fit of this sweep, within its noise); with that factor (C) the slopes become {slopes['bytegrad']['C']:.0f} (bytegrad), "
+        "small verdict allreduce); the paper's slopes say each bucket's messages were paid in full. On this sweep "
+        f"each one-way latency the model counts cost {fit['constants']['latency_factor']:.1f} of the delay (the "
+        "fitted latency factor, over Gloo's round trip per message; within its noise of 1); with that factor (C) the "
+        f"slopes become {slopes['bytegrad']['C']:.0f} (bytegrad), "
         f"{slopes['qadam']['C']:.0f} (qadam), {slopes['torch-ddp']['C']:.0f} (DDP) and "
         f"{slopes['low_precision_decentralized']['C']:.0f} (low-precision decentralized) s per ms.",
         f"- **Latency, decentralized** (model {slopes['decentralized']['A']:.0f}, paper "

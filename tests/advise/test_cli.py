@@ -118,7 +118,8 @@ def test_parsers():
 def test_under_torchrun_it_measures_the_link_first():
     out = run_command([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                        "-m", "bagua.advise", "--params", "3.2M", "--probe-mb", "4"], timeout=120).stdout
-    found = re.search(r"measured: (\d+) Mbit/s and ([\d.]+) ms per message in sequence, from exact allreduces of "
+    found = re.search(r"measured: (\d+) Mbit/s and ([\d.]+) ms one way \(what each message in sequence costs, over "
+                      r"its one-way latencies\), from exact allreduces of "
                       r"4\.096 KB and 4 MB on 2 ranks \(gloo", out)
     assert found, out
     assert int(found.group(1)) > 0

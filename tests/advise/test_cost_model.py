@@ -86,7 +86,10 @@ def test_overlap_follows_the_engine():
 def test_a_prediction_adds_latencies_and_transfers():
     constants = Constants(message_s=1e-4, latency_factor=2.0, efficiency=0.5, backward_share=0.6)
     p = predict("low_precision_decentralized", [MB13], 4, Link(100e6, 0.005), compute_s=0.3, constants=constants)
-    assert p.hops == 1 and p.latency_s == pytest.approx(1e-4 + 2 * 0.005)
+    # one message in sequence: its fixed cost once, and a round trip of two one-way latencies on Gloo
+    assert p.hops == 1 and p.latency_s == pytest.approx(1e-4 + 2 * 2 * 0.005)
+    on_nccl = predict("low_precision_decentralized", [MB13], 4, Link(100e6, 0.005), 0.3, constants, backend="nccl")
+    assert on_nccl.latency_s == pytest.approx(1e-4 + 2 * 0.005)  # NCCL's buffers wait ahead: one latency
     assert p.transfer_s == pytest.approx(8 * (2 * MB13 / 4 * UINT8_BYTES_PER_ELEMENT) / 50e6)
     assert p.step_s == pytest.approx(0.3 + p.latency_s + p.transfer_s) and p.exposed_s == pytest.approx(p.comm_s)
     slow = predict("async", [MB13], 4, Link(1e6), compute_s=0.3)
@@ -134,7 +137,7 @@ def test_the_link_is_recovered_from_timings_of_a_known_link(world, backend, link
     link: bandwidth and latency come back within 1%."""
     def took(nbytes: float) -> float:
         allreduce, = message_pattern("gradient_allreduce", [nbytes], world, backend=backend)
-        return sum(collective_time(allreduce, link, Constants()))
+        return sum(collective_time(allreduce, link, Constants(), backend))
 
     found = link_from_timings(4096, took(4096), 16e6, took(16e6), world, backend)
     assert found.bandwidth_bit_s == pytest.approx(link.bandwidth_bit_s, rel=0.01)
