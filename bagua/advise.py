@@ -31,8 +31,12 @@ ring exchange              ``alltoall_v`` to both ring neighbours at once: 1
 =========================  ====================================================================
 
 With several ranks per machine, bagua's algorithms are taken as ``hierarchical=True`` (exact
-within the machine, the pattern above among machines; within a machine counts as free) and
-torch DDP as one ring over all ranks (its bytes cross each machine's link once per direction).
+within the machine, the pattern above among machines; within a machine counts as free) unless
+``hierarchical=False`` is given, and torch DDP as one ring over all ranks (its bytes cross each
+machine's link once per direction). Flat, an exact ring is torch DDP's; the compressed allreduce
+has every rank send its own share to every rank of the other machines, so a machine's link
+carries ``2 R (n-R)/n`` of the encoded bytes (R ranks a machine, n in all) against
+``2 (m-1)/m`` hierarchically (m machines): at 4 x 2 ranks 3.0 against 1.5, twice the bytes.
 
 Example::
 
@@ -55,6 +59,7 @@ import re
 import statistics
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Optional, Sequence
 
@@ -186,22 +191,33 @@ def allreduce_hops(nbytes: float, machines: int, backend: str = "gloo") -> int:
     return 2 * math.ceil((segments - segments // machines) / 2)
 
 
-def _ring(nbytes: float, m: int, backend: str, overlap: str, what: str) -> Collective:
-    return Collective(what, 2 * (m - 1) / m * nbytes, allreduce_hops(nbytes, m, backend), overlap)
+def _ring(nbytes: float, m: int, backend: str, overlap: str, what: str, ranks: Optional[int] = None) -> Collective:
+    """An exact ring over ``ranks`` (default ``m``) ranks laid out on ``m`` machines: a machine's
+    link carries the ring's ``2 (n-1)/n`` of the bytes once each way, and a message waits for the
+    one before it across each machine boundary (within a machine counts as free)."""
+    n = ranks or m
+    return Collective(what, 2 * (n - 1) / n * nbytes, allreduce_hops(nbytes, m, backend), overlap)
 
 
-def _compressed(nbytes: float, m: int, overlap: str, what: str, per_element: float = UINT8_BYTES_PER_ELEMENT) -> Collective:
+def _compressed(nbytes: float, m: int, overlap: str, what: str, per_element: float = UINT8_BYTES_PER_ELEMENT,
+                per_machine: int = 1) -> Collective:
+    """Bagua's compressed allreduce over ``m`` machines of ``per_machine`` ranks each (every rank its
+    own share: flat): each rank sends its chunk for every rank of other machines, and their reduced
+    chunks come back, so a machine's link carries ``2 R (n-R)/n`` of the encoded bytes."""
     wire = nbytes / 4 * per_element
-    return Collective(what, 2 * (m - 1) / m * wire, 2 if m > 1 else 0, overlap)
+    n = m * per_machine
+    return Collective(what, 2 * per_machine * (n - per_machine) / n * wire, 2 if m > 1 else 0, overlap)
 
 
 def message_pattern(algorithm: str, buckets: Sequence[float], world_size: int, ranks_per_machine: int = 1,
-                    backend: str = "gloo", speculating: bool = True) -> list[Collective]:
+                    backend: str = "gloo", speculating: bool = True, hierarchical: bool = True) -> list[Collective]:
     """The collectives of one step of ``algorithm`` (after any warm-up), with fp32 buckets of
     ``buckets`` bytes in launch order, on ``world_size`` ranks, ``ranks_per_machine`` per machine
     (no agreement check: the wrapper's per-step collectives skip it). ``speculating=False``: qadam
     averaging its momentum in ``step()`` (``overlap=False``, or where ``overlap="auto"`` found that
-    faster), after backward and with no verdict.
+    faster), after backward and with no verdict. ``hierarchical=False`` with several ranks per
+    machine: bagua's algorithm flat over every rank (its ``hierarchical=False``), not exact within
+    the machine and among the machines' leaders.
 
     Example::
 
@@ -211,28 +227,31 @@ def message_pattern(algorithm: str, buckets: Sequence[float], world_size: int, r
     m = world_size // ranks_per_machine  # machines: the ring of torch DDP or the hierarchical leaders
     if m < 2:
         return []
+    flat = not hierarchical and ranks_per_machine > 1
+    ring_ranks = world_size if flat else None
+    sharing = ranks_per_machine if flat else 1  # ranks that each send their own share over the machine's link
     if algorithm in ("torch-ddp", "torch-ddp-fp16"):
         half = algorithm == "torch-ddp-fp16"
         return [Collective("allreduce", 2 * (world_size - 1) / world_size * (b / 2 if half else b),
                            allreduce_hops(b / 2 if half else b, m, backend), "backward") for b in buckets]
     if algorithm == "gradient_allreduce":
-        return [_ring(b, m, backend, "backward", "allreduce") for b in buckets]
+        return [_ring(b, m, backend, "backward", "allreduce", ring_ranks) for b in buckets]
     if algorithm == "bytegrad":
-        return [_compressed(b, m, "backward", "compressed allreduce") for b in buckets]
+        return [_compressed(b, m, "backward", "compressed allreduce", per_machine=sharing) for b in buckets]
     if algorithm == "onebit_grad":  # after its exact warm-up (a gradient_allreduce step until then)
-        return [_compressed(b, m, "backward", "1-bit allreduce", SIGN1_BYTES_PER_ELEMENT) for b in buckets]
+        return [_compressed(b, m, "backward", "1-bit allreduce", SIGN1_BYTES_PER_ELEMENT, sharing) for b in buckets]
     if algorithm == "decentralized":
-        return [_ring(b, m, backend, "forward", "weights allreduce") for b in buckets]
+        return [_ring(b, m, backend, "forward", "weights allreduce", ring_ranks) for b in buckets]
     if algorithm == "low_precision_decentralized":
         neighbours = min(2, m - 1)
         return [Collective("ring exchange", neighbours * b / 4 * UINT8_BYTES_PER_ELEMENT, 1, "none") for b in buckets]
     if algorithm in ("qadam", "qadam-1bit"):  # each bucket's momentum during backward (a hit), then the verdict
         per_element = SIGN1_BYTES_PER_ELEMENT if algorithm == "qadam-1bit" else UINT8_BYTES_PER_ELEMENT
         if not speculating:
-            return [_compressed(b, m, "none", "compressed momentum allreduce", per_element) for b in buckets]
-        return [*(_compressed(b, m, "backward", "compressed momentum allreduce", per_element) for b in buckets),
-                _ring(VERDICT_BYTES, m, backend, "none", "verdict allreduce")]
-    return [_ring(sum(buckets), m, backend, "background", "weights allreduce")]  # async
+            return [_compressed(b, m, "none", "compressed momentum allreduce", per_element, sharing) for b in buckets]
+        return [*(_compressed(b, m, "backward", "compressed momentum allreduce", per_element, sharing) for b in buckets),
+                _ring(VERDICT_BYTES, m, backend, "none", "verdict allreduce", ring_ranks)]
+    return [_ring(sum(buckets), m, backend, "background", "weights allreduce", world_size)]  # async: flat, always
 
 
 def check_algorithm(algorithm: str) -> None:
@@ -307,14 +326,15 @@ def exposed_time(pattern: Sequence[Collective], times: Sequence[float], compute_
 
 def predict(algorithm: str, buckets: Sequence[float], world_size: int, link: Link, compute_s: float,
             constants: Constants = Constants(), ranks_per_machine: int = 1, backend: str = "gloo",
-            pattern: Optional[Sequence[Collective]] = None) -> Prediction:
+            pattern: Optional[Sequence[Collective]] = None, hierarchical: bool = True) -> Prediction:
     """The predicted step of ``algorithm`` (see the module docstring); ``compute_s`` is the step's
     compute without communication. ``pattern``: the step's collectives if not today's
-    ``message_pattern`` (a measurement of older code predicted with the pattern it recorded)."""
+    ``message_pattern`` (a measurement of older code predicted with the pattern it recorded);
+    ``hierarchical``: as ``message_pattern``'s."""
     if link.bandwidth_bit_s <= 0 or link.latency_s < 0 or compute_s < 0:
         raise ValueError(f"need a positive bandwidth, latency >= 0 and compute >= 0, got {link} and {compute_s}")
     if pattern is None:
-        pattern = message_pattern(algorithm, buckets, world_size, ranks_per_machine, backend)
+        pattern = message_pattern(algorithm, buckets, world_size, ranks_per_machine, backend, hierarchical=hierarchical)
     parts = [collective_time(c, link, constants, backend) for c in pattern]
     times = [a + b for a, b in parts]
     exposed = exposed_time(pattern, times, compute_s, constants.backward_share)
@@ -437,11 +457,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return args
 
 
-def measure_link(probe_bytes: int, repeats: int = 5) -> tuple[Link, dict]:
+def measure_link(probe_bytes: int, repeats: int = 5, attempts: int = 3) -> tuple[Link, dict]:
     """Measure this job's link with exact allreduces of two sizes (4 KB and ``probe_bytes``) on
     the default group: the slowest rank's median times, fitted by :func:`link_from_timings`. Call on
     every rank of a job initialized with ``check_collectives=False`` (an agreement check would
-    add its own messages); returns the link and what was measured."""
+    add its own messages); returns the link and what was measured. Timings that cannot be a link
+    (the large allreduce no slower than the small one: a busy machine) are measured again, up to
+    ``attempts`` times in all, with one warning each; every rank sees the same medians, so all
+    retry together."""
     import torch
 
     from . import comm
@@ -450,25 +473,34 @@ def measure_link(probe_bytes: int, repeats: int = 5) -> tuple[Link, dict]:
     backend = "nccl" if comm.get_default_group().backend == "nccl" else "gloo"
     device = "cuda" if backend == "nccl" else "cpu"
     sizes = (4096, probe_bytes)
-    medians = []
-    for size in sizes:
-        tensor = torch.zeros(size // 4, device=device)
-        comm.allreduce(tensor)  # a first call connects and warms up
-        times = []
-        for _ in range(repeats):
-            if device == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            comm.allreduce(tensor)
-            if device == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-        verdict = torch.tensor([statistics.median(times)], dtype=torch.float64)
-        comm.allreduce(verdict, op=comm.ReduceOp.MAX)  # the slowest rank's median: what a step waits for
-        medians.append(float(verdict))
-    details = {"sizes_bytes": sizes, "median_s": medians, "hops": [allreduce_hops(s, world, backend) for s in sizes],
-               "world_size": world, "backend": backend, "repeats": repeats}
-    return link_from_timings(sizes[0], medians[0], sizes[1], medians[1], world, backend), details
+
+    def measured(attempt: int) -> tuple[Link, dict]:
+        medians = []
+        for size in sizes:
+            tensor = torch.zeros(size // 4, device=device)
+            comm.allreduce(tensor)  # a first call connects and warms up
+            times = []
+            for _ in range(repeats):
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                comm.allreduce(tensor)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                times.append(time.perf_counter() - start)
+            verdict = torch.tensor([statistics.median(times)], dtype=torch.float64)
+            comm.allreduce(verdict, op=comm.ReduceOp.MAX)  # the slowest rank's median: what a step waits for
+            medians.append(float(verdict))
+        details = {"sizes_bytes": sizes, "median_s": medians, "hops": [allreduce_hops(s, world, backend) for s in sizes],
+                   "world_size": world, "backend": backend, "repeats": repeats, "attempts": attempt}
+        return link_from_timings(sizes[0], medians[0], sizes[1], medians[1], world, backend), details
+
+    for attempt in range(1, attempts):
+        try:
+            return measured(attempt)
+        except ValueError as error:
+            warnings.warn(f"bagua.advise: measuring the link again ({attempt} of {attempts}): {error}", stacklevel=2)
+    return measured(attempts)
 
 
 def link_from_timings(small_bytes: float, small_s: float, large_bytes: float, large_s: float, world_size: int,

@@ -205,3 +205,24 @@ def test_the_pattern_sends_what_the_algorithms_send():
         for k, nbytes in expected.items():
             # (the counters round each collective to whole bytes: qadam's verdict is 8 bytes)
             assert math.isclose(got["sent"][k], nbytes, rel_tol=0.01, abs_tol=1), (name, k, got["sent"][k], nbytes)
+
+
+def test_flat_on_machines_of_several_ranks_sends_every_ranks_share():
+    """4 machines x 2 ranks: hierarchical, the machines' leaders run the pattern among 4; flat, an exact
+    ring over 8 ranks crosses each link with 2 (n-1)/n of the bytes (torch DDP's), and the compressed
+    allreduce sends every rank's share: 2 R (n-R)/n = 3.0 of the encoded bytes, twice 2 (m-1)/m = 1.5."""
+    wire = MB13 / 4 * UINT8_BYTES_PER_ELEMENT
+    hier, = message_pattern("bytegrad", [MB13], 8, ranks_per_machine=2)
+    flat, = message_pattern("bytegrad", [MB13], 8, ranks_per_machine=2, hierarchical=False)
+    assert hier.nbytes == pytest.approx(1.5 * wire) and flat.nbytes == pytest.approx(3.0 * wire)
+    assert hier.hops == flat.hops == 2
+    exact_flat, = message_pattern("gradient_allreduce", [MB13], 8, ranks_per_machine=2, hierarchical=False)
+    ddp, = message_pattern("torch-ddp", [MB13], 8, ranks_per_machine=2)
+    assert exact_flat.nbytes == pytest.approx(ddp.nbytes) == pytest.approx(2 * 7 / 8 * MB13)
+    assert exact_flat.hops == ddp.hops  # a message waits across each machine boundary, not each rank's
+    # one rank a machine: flat and hierarchical are the same thing
+    assert message_pattern("bytegrad", [MB13], 4, hierarchical=False) == message_pattern("bytegrad", [MB13], 4)
+    link = Link(100e6)
+    slow = predict("bytegrad", [MB13], 8, link, 0.2, ranks_per_machine=2, hierarchical=False)
+    fast = predict("bytegrad", [MB13], 8, link, 0.2, ranks_per_machine=2)
+    assert slow.transfer_s == pytest.approx(2 * fast.transfer_s)

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""The cost model's prediction for machines of several ranks, written before they are measured.
+
+Issue 41 measures torch DDP and bagua's algorithms, flat and hierarchical, on 4 and 8 emulated
+machines of 2 ranks each (``netns.py --machines M --ranks-per-machine 2``), at 100 Mbit/s and at
+1 Gbit/s with 5 ms one way, on the workload of the bandwidth x latency sweep (``tradeoff.py``:
+``examples/train_lm.py``'s 3.24M-parameter LM, 13 MB of fp32 gradients, its buckets as recorded
+there). This writes ``bagua.advise``'s epoch time for every one of those points, fitted only on
+the sweep of single-rank machines (``results/tradeoff_model.json``), so that the measurement tests
+a model that never saw the shape:
+
+- the constants and each variant's compute per step are the fit's; compute at n ranks is scaled
+  by ``tradeoff_fit.compute_scale`` (the ranks share this machine's cores with its recorded load);
+- hierarchical variants: exact within a machine (free: its loopback), the pattern among the
+  machines' leaders; flat ones: over every rank (``message_pattern(..., hierarchical=False)``);
+- qadam and onebit_grad are predicted flat (``hierarchical=False``, their default), async is left
+  out (its averaging is off the step: its epoch is its compute).
+
+Example::
+
+    python benchmarks/machines_prediction.py          # writes benchmarks/results/machines_prediction.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from bagua.advise import Constants, Link, predict  # noqa: E402
+from tradeoff import EPOCH_STEPS  # noqa: E402
+from tradeoff_fit import ADVISE_NAME, compute_scale  # noqa: E402
+
+LAYOUTS = ((4, 2), (8, 2))
+LINKS = {"100mbit": Link(100e6, 0.0), "1gbit-5ms": Link(1e9, 0.005)}
+#: the variants measured: (benchmark name, bagua.advise name, hierarchical)
+VARIANTS = (
+    ("ddp", "torch-ddp", False),
+    ("gradient_allreduce", "gradient_allreduce", False),
+    ("gradient_allreduce-hier", "gradient_allreduce", True),
+    ("bytegrad", "bytegrad", False),
+    ("bytegrad-hier", "bytegrad", True),
+    ("decentralized-hier", "decentralized", True),
+    ("low_precision_decentralized-hier", "low_precision_decentralized", True),
+    ("qadam", "qadam", False),
+    ("onebit_grad", "onebit_grad", False),
+)
+
+
+def predictions(fit: dict[str, Any], sweep: dict[str, Any]) -> dict[str, Any]:
+    """Epoch seconds per point ``"{M}x{R}-{link}"`` and variant, and what went into each."""
+    constants = Constants(**fit["constants"])
+    recorded = sweep["settings"]["x8-100mbit"]["job"]["variants"]  # the LM's buckets per variant, as recorded
+    points: dict[str, Any] = {}
+    for machines, per in LAYOUTS:
+        world = machines * per
+        scale = compute_scale(sweep, world, 4)
+        for link_name, link in LINKS.items():
+            rows = {}
+            for name, advise_name, hierarchical in VARIANTS:
+                base = name.removesuffix("-hier")
+                buckets = recorded[base]["buckets"]
+                compute = fit["compute_s"][ADVISE_NAME.get(base, advise_name)] * scale
+                p = predict(advise_name, buckets, world, link, compute, constants, ranks_per_machine=per,
+                            hierarchical=hierarchical)
+                rows[name] = {"epoch_s": p.step_s * EPOCH_STEPS, "step_s": p.step_s, "compute_s": p.compute_s,
+                              "exposed_s": p.exposed_s, "hops": p.hops, "bytes_per_step": p.nbytes}
+            points[f"{machines}x{per}-{link_name}"] = {
+                "machines": machines, "ranks_per_machine": per, "link": {"bandwidth_bit_s": link.bandwidth_bit_s,
+                                                                         "latency_s": link.latency_s},
+                "compute_scale": scale, "variants": rows}
+    return points
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--fit", default=str(HERE / "results" / "tradeoff_model.json"))
+    p.add_argument("--sweep", default=str(HERE / "results" / "tradeoff.json"))
+    p.add_argument("--out", default=str(HERE / "results" / "machines_prediction.json"))
+    args = p.parse_args(argv)
+    fit, sweep = json.loads(Path(args.fit).read_text()), json.loads(Path(args.sweep).read_text())
+    points = predictions(fit, sweep)
+    record = {"date": time.strftime("%Y-%m-%d %H:%M"), "fitted_on": fit["fit_settings"],
+              "constants": fit["constants"], "epoch_steps": EPOCH_STEPS, "points": points}
+    Path(args.out).write_text(json.dumps(record, indent=1))
+    for key, point in points.items():
+        ddp = point["variants"]["ddp"]["epoch_s"]
+        print(f"{key} (compute x{point['compute_scale']:.2f}):")
+        for name, row in point["variants"].items():
+            print(f"  {name:34s} epoch {row['epoch_s']:7.1f} s  {ddp / row['epoch_s']:5.2f}x DDP  "
+                  f"{row['bytes_per_step'] / 1e6:6.2f} MB/step  {row['hops']:3d} messages in sequence")
+        flat, hier = point["variants"]["bytegrad"]["epoch_s"], point["variants"]["bytegrad-hier"]["epoch_s"]
+        print(f"  bytegrad flat / hierarchical: {flat / hier:.2f}x")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
