@@ -12,6 +12,8 @@ ddp-10MB              the same with bucket_cap_mb=10
 ddp-fp16              torch DDP + ``default_hooks.fp16_compress_hook``
 ddp-bytegrad-hook     torch DDP + ``bagua.comm_hooks.register(model, "bytegrad")`` (no bagua wrapper)
 ddp-onebit-hook       torch DDP + ``bagua.comm_hooks.register(model, "onebit_grad", warmup_steps=warmup)``
+<algorithm>-hier      the same with ``hierarchical=True`` (gradient_allreduce, bytegrad, decentralized,
+                      low_precision_decentralized)
 ddp-striped           torch DDP on a ``new_group(backend="bagua")`` group: its buckets cut over
                       ``STRIPED_STREAMS`` Gloo connection sets between machines (no bagua wrapper)
 <algorithm>           ``bagua.DistributedDataParallel(..., algorithm=<algorithm>)``; qadam takes its
@@ -116,7 +118,8 @@ class Variant:
             elif base == "onebit_grad":  # its exact warm-up: the untimed steps
                 algo = bagua.algorithms.OneBitGradAlgorithm(warmup_steps=warmup)
             else:
-                algo = bagua.algorithms.Algorithm.init(base)
+                # "-hier": exact within each machine, the algorithm among the machines' leaders
+                algo = bagua.algorithms.Algorithm.init(base, **({"hierarchical": True} if name.endswith("-hier") else {}))
             self.algo = algo
             size = 10 * MIB if name.endswith("-10MB") else bagua.parallel.ddp.DEFAULT_BUCKET_SIZE_BYTES
             self.model = bagua.DistributedDataParallel(model, [optimizer], algorithm=algo, bucket_size_bytes=size,

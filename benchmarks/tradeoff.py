@@ -51,6 +51,9 @@ logger = logging.getLogger("tradeoff")
 JSON_TAG = "@@tradeoff@@ "
 VARIANTS = ("ddp", "ddp-fp16", "gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized",
             "async", "qadam", "onebit_grad")
+# with several ranks per machine (benchmarks/machines.py): hierarchical=True, exact within each machine
+HIERARCHICAL_VARIANTS = ("gradient_allreduce-hier", "bytegrad-hier", "decentralized-hier",
+                         "low_precision_decentralized-hier")
 EPOCH_STEPS = 100
 WARMUP = 1  # untimed steps per variant (qadam's fp32 warm-up and onebit_grad's exact one are this long)
 ASYNC_INTERVAL_MS = 50  # as examples/train_lm.py
@@ -128,13 +131,17 @@ def bucket_layout(variant) -> list[int]:
     return [b.flat.numel() * b.flat.element_size() for b in variant.model.buckets]
 
 
-def messages_per_step(name: str, buckets: list[int], world: int, speculating: bool = True) -> dict[str, Any]:
+def messages_per_step(name: str, buckets: list[int], world: int, speculating: bool = True,
+                      ranks_per_machine: int = 1) -> dict[str, Any]:
     """The variant's buckets and its step's collectives as ``bagua.advise`` counts them from the
     code: bytes, messages in sequence (hops) and what each hides behind (qadam: ``speculating``,
-    what its ``overlap="auto"`` trial chose)."""
+    what its ``overlap="auto"`` trial chose; ``-hier``: hierarchical over machines of
+    ``ranks_per_machine``, else flat)."""
     from bagua.advise import message_pattern
 
-    pattern = message_pattern(ADVISE_NAME.get(name, name), buckets, world, backend="gloo", speculating=speculating)
+    base = name.removesuffix("-hier")
+    pattern = message_pattern(ADVISE_NAME.get(base, base), buckets, world, ranks_per_machine, backend="gloo",
+                              speculating=speculating, hierarchical=name.endswith("-hier"))
     on_step = [c for c in pattern if c.overlap != "background"]
     return {"buckets": buckets, "messages": [asdict(c) for c in pattern], "hops_per_step": sum(c.hops for c in on_step),
             "model_bytes_per_step": sum(c.nbytes for c in on_step)}
@@ -156,8 +163,8 @@ def run_worker(args: argparse.Namespace) -> int:
         if rank == 0:
             print(f"[{args.setting}] {msg} ({time.monotonic() - t_start:.0f}s)", flush=True)
 
-    def lm_args(name: str):
-        algorithm = train_lm.BASELINE if name.startswith("ddp") else name  # the fp16 hook: Variant's
+    def lm_args(name: str):  # the model and optimizer ("-hier" changes neither)
+        algorithm = train_lm.BASELINE if name.startswith("ddp") else name.removesuffix("-hier")  # fp16 hook: Variant's
         return train_lm.parse_args([*MODEL[args.size], "--algorithm", algorithm, "--warmup-steps", str(WARMUP),
                                     "--cache-dir", args.cache_dir])
 
@@ -176,7 +183,7 @@ def run_worker(args: argparse.Namespace) -> int:
     for v in variants:
         if v.name in rows:
             speculating = rows[v.name].get("overlap_trial", (True,))[0]
-            rows[v.name].update(messages_per_step(v.name, bucket_layout(v), world, speculating))
+            rows[v.name].update(messages_per_step(v.name, bucket_layout(v), world, speculating, bagua.get_local_size()))
         if v.name not in diverged or v.is_torch:  # a torch DDP goes before the groups: Variant.close
             v.close()
     if rank == 0:
@@ -304,7 +311,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--size", default=None, choices=list(MODEL), help=argparse.SUPPRESS)
     parser.add_argument("--reps", type=int, default=2, help=argparse.SUPPRESS)
     parser.add_argument("--block", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS), help=argparse.SUPPRESS)
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS + HIERARCHICAL_VARIANTS, default=list(VARIANTS),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.size = args.size or ("quick" if args.quick else "full")
     if args.worker:

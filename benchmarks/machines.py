@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Machines of several ranks, measured: torch DDP and bagua, flat and hierarchical, against the model.
+
+Each point of ``machines_prediction.py`` (4 and 8 emulated machines of 2 ranks, at 100 Mbit/s and
+at 1 Gbit/s with 5 ms one way) runs as one job: ``netns.py --machines M --ranks-per-machine 2``
+(a machine's ranks share its namespace and loopback; only machines cross the shaped link) around
+``tradeoff.py``'s worker, the variants interleaved in the job, the LM of the bandwidth x latency
+sweep. An epoch is ``EPOCH_STEPS`` steps at the mean timed step, as there. Reported per point: each
+variant's epoch, its ratio to torch DDP's in the same job, hierarchical bytegrad against flat,
+and the model's epoch from ``results/machines_prediction.json`` (committed before these runs)
+with the error. Results: ``results/machines.json``; plot ``figures/machines.png``.
+
+Targets (issue 41): hierarchical bytegrad at least 1.8x faster than flat bytegrad at 4 x 2,
+100 Mbit/s, and never more than 5% slower than flat at any point; the model within 25% of every
+measured epoch.
+
+Usage::
+
+    python benchmarks/machines.py                        # every point (~20 min here, root)
+    python benchmarks/machines.py --points 4x2-100mbit   # one
+    python benchmarks/machines.py --report               # tables and plot from the JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _jobs import run_job  # noqa: E402
+from machines_prediction import LINKS, VARIANTS  # noqa: E402
+from tradeoff import EPOCH_STEPS, JSON_TAG  # noqa: E402
+
+logger = logging.getLogger("machines")
+RESULTS = HERE / "results" / "machines.json"
+PREDICTION = HERE / "results" / "machines_prediction.json"
+FIGURE = HERE / "figures" / "machines.png"
+LINK_FLAGS = {"100mbit": ["--rate", "100mbit"], "1gbit-5ms": ["--rate", "1gbit", "--delay", "5"]}
+TARGET_HIER, TARGET_NOT_SLOWER, TARGET_MODEL = 1.8, 1.05, 0.25
+
+
+def worker_command(point: str, machines: int, per: int, reps: int, block: int, cache_dir: str,
+                   timeout: float) -> list[str]:
+    """The netns.py command line of one point's job."""
+    link = point.split("-", 1)[1]
+    py = sys.executable
+    return [py, str(HERE / "netns.py"), "--machines", str(machines), "--ranks-per-machine", str(per),
+            *LINK_FLAGS[link], "--timeout", str(timeout), "--", py, str(HERE / "tradeoff.py"), "--worker",
+            "--setting", point, "--size", "full", "--reps", str(reps), "--block", str(block), "--cache-dir", cache_dir,
+            "--variants", *(name for name, _, _ in VARIANTS)]
+
+
+def epochs(job: dict[str, Any]) -> dict[str, float]:
+    """Epoch seconds per variant: ``EPOCH_STEPS`` steps at its mean timed step."""
+    return {name: row["epoch_s"] / (job["reps"] * job["block"]) * EPOCH_STEPS for name, row in job["variants"].items()}
+
+
+def report(results: dict[str, Any], prediction: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """The table per point and the targets' verdicts."""
+    lines, worst, verdicts = [], (0.0, ""), {}
+    for point, record in results["points"].items():
+        measured = epochs(record["job"])
+        predicted = prediction["points"][point]["variants"]
+        ddp = measured["ddp"]
+        lines.append(f"== {point} ({record['date']}, job {record['job']['elapsed_s']:.0f} s) ==")
+        lines.append(f"  {'variant':34s} {'epoch s':>8s} {'x DDP':>6s} {'model s':>8s} {'model err':>9s}")
+        for name in measured:
+            model = predicted[name]["epoch_s"]
+            error = model / measured[name] - 1
+            if abs(error) > abs(worst[0]):
+                worst = (error, f"{name} at {point}")
+            lines.append(f"  {name:34s} {measured[name]:8.1f} {ddp / measured[name]:6.2f} {model:8.1f} {error:+9.0%}")
+        flat_over_hier = measured["bytegrad"] / measured["bytegrad-hier"]
+        verdicts[point] = flat_over_hier
+        lines.append(f"  bytegrad flat / hierarchical: {flat_over_hier:.2f}x (model "
+                     f"{predicted['bytegrad']['epoch_s'] / predicted['bytegrad-hier']['epoch_s']:.2f}x)")
+    key: dict[str, Any] = {"worst_model_error": worst[0], "worst_model_point": worst[1],
+                           "bytegrad_flat_over_hier": verdicts}
+    if "4x2-100mbit" in verdicts:
+        key["hier_target_met"] = verdicts["4x2-100mbit"] >= TARGET_HIER
+    key["hier_never_slower"] = all(v >= 1 / TARGET_NOT_SLOWER for v in verdicts.values())
+    key["model_within_25pct"] = abs(worst[0]) <= TARGET_MODEL
+    lines.append(f"KEY: bytegrad flat/hierarchical at 4x2-100mbit "
+                 f"{verdicts.get('4x2-100mbit', float('nan')):.2f}x (target >= {TARGET_HIER}x); hierarchical never "
+                 f"more than 5% slower: {key['hier_never_slower']}; model's worst error {worst[0]:+.0%} ({worst[1]}; "
+                 f"target within 25%)")
+    return lines, key
+
+
+def plot(results: dict[str, Any], prediction: dict[str, Any], path: Path) -> None:
+    """Epoch per variant per point: measured bars, the model's epoch as a tick."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = list(results["points"])
+    fig, axes = plt.subplots(1, len(points), figsize=(4.2 * len(points), 4.2), squeeze=False)
+    for ax, point in zip(axes[0], points):
+        measured = epochs(results["points"][point]["job"])
+        names = list(measured)
+        ax.bar(range(len(names)), [measured[n] for n in names], color="#7aa6c2", label="measured")
+        ax.plot(range(len(names)), [prediction["points"][point]["variants"][n]["epoch_s"] for n in names], "k_",
+                markersize=14, label="model (before the run)")
+        ax.set_xticks(range(len(names)), names, rotation=75, fontsize=7)
+        ax.set_title(point, fontsize=9)
+        ax.set_ylabel("epoch s (100 steps)")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--points", nargs="+", default=[f"{m}x{r}-{link}" for m, r in ((4, 2), (8, 2)) for link in LINKS])
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--block", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=1500.0)
+    p.add_argument("--cache-dir", default="/tmp/bagua-tta-cache")
+    p.add_argument("--report", action="store_true", help="no run: the tables and plot from the JSON")
+    p.add_argument("--no-plot", action="store_true")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="machines: %(message)s")
+    prediction = json.loads(PREDICTION.read_text())
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"points": {}}
+    failed = []
+    if not args.report:
+        for point in args.points:
+            if point not in prediction["points"]:
+                p.error(f"unknown point {point!r}; known: {', '.join(prediction['points'])}")
+            layout = prediction["points"][point]
+            cmd = worker_command(point, layout["machines"], layout["ranks_per_machine"], args.reps, args.block,
+                                 args.cache_dir, args.timeout)
+            print(f"\n### {point}", flush=True)
+            job = run_job(cmd, args.timeout + 60, JSON_TAG, logger)
+            if job is None:
+                failed.append(point)
+                continue
+            results["points"][point] = {"date": time.strftime("%Y-%m-%d %H:%M"), "job": job}
+            RESULTS.write_text(json.dumps(results, indent=1))
+    lines, key = report(results, prediction)
+    results["key"] = key
+    RESULTS.write_text(json.dumps(results, indent=1))
+    print("\n".join(lines))
+    if not args.no_plot and results["points"]:
+        plot(results, prediction, FIGURE)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
