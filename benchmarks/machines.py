@@ -54,7 +54,7 @@ def worker_command(point: str, machines: int, per: int, reps: int, block: int, c
     return [py, str(HERE / "netns.py"), "--machines", str(machines), "--ranks-per-machine", str(per),
             *LINK_FLAGS[link], "--timeout", str(timeout), "--", py, str(HERE / "tradeoff.py"), "--worker",
             "--setting", point, "--size", "full", "--reps", str(reps), "--block", str(block), "--cache-dir", cache_dir,
-            "--variants", *(name for name, _, _ in VARIANTS)]
+            "--ranks-per-machine", str(per), "--variants", *(name for name, _, _ in VARIANTS)]
 
 
 def epochs(job: dict[str, Any]) -> dict[str, float]:

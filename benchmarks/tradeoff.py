@@ -183,7 +183,7 @@ def run_worker(args: argparse.Namespace) -> int:
     for v in variants:
         if v.name in rows:
             speculating = rows[v.name].get("overlap_trial", (True,))[0]
-            rows[v.name].update(messages_per_step(v.name, bucket_layout(v), world, speculating, bagua.get_local_size()))
+            rows[v.name].update(messages_per_step(v.name, bucket_layout(v), world, speculating, args.ranks_per_machine))
         if v.name not in diverged or v.is_torch:  # a torch DDP goes before the groups: Variant.close
             v.close()
     if rank == 0:
@@ -313,6 +313,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--block", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--variants", nargs="+", choices=VARIANTS + HIERARCHICAL_VARIANTS, default=list(VARIANTS),
                         help=argparse.SUPPRESS)
+    # the machines the model counts the recorded pattern on (1: every rank a machine, as in the sweep and
+    # on loopback; benchmarks/machines.py gives its layout's)
+    parser.add_argument("--ranks-per-machine", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.size = args.size or ("quick" if args.quick else "full")
     if args.worker:
