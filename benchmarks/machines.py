@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _jobs import run_job  # noqa: E402
-from machines_prediction import LINKS, VARIANTS  # noqa: E402
+from machines_prediction import LINKS, VARIANTS, predictions  # noqa: E402
 from tradeoff import EPOCH_STEPS, JSON_TAG  # noqa: E402
 
 logger = logging.getLogger("machines")
@@ -54,7 +54,7 @@ def worker_command(point: str, machines: int, per: int, reps: int, block: int, c
     return [py, str(HERE / "netns.py"), "--machines", str(machines), "--ranks-per-machine", str(per),
             *LINK_FLAGS[link], "--timeout", str(timeout), "--", py, str(HERE / "tradeoff.py"), "--worker",
             "--setting", point, "--size", "full", "--reps", str(reps), "--block", str(block), "--cache-dir", cache_dir,
-            "--ranks-per-machine", str(per), "--variants", *(name for name, _, _ in VARIANTS)]
+            "--ranks-per-machine", str(per), "--variants", *(name for name, _, _ in VARIANTS), "local"]
 
 
 def epochs(job: dict[str, Any]) -> dict[str, float]:
@@ -62,27 +62,52 @@ def epochs(job: dict[str, Any]) -> dict[str, float]:
     return {name: row["epoch_s"] / (job["reps"] * job["block"]) * EPOCH_STEPS for name, row in job["variants"].items()}
 
 
-def report(results: dict[str, Any], prediction: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
-    """The table per point and the targets' verdicts."""
-    lines, worst, verdicts = [], (0.0, ""), {}
+def measured_scales(results: dict[str, Any], fit: dict[str, Any]) -> dict[str, float]:
+    """Each point's compute scale as measured: its no-communication step ("local") over the fit's
+    torch DDP compute at 4 ranks (points whose job ran no "local" are left out)."""
+    scales = {}
+    for point, record in results["points"].items():
+        row = record["job"]["variants"].get("local")
+        if row:
+            scales[point] = row["epoch_s"] / (record["job"]["reps"] * record["job"]["block"]) / fit["compute_s"]["torch-ddp"]
+    return scales
+
+
+def report(results: dict[str, Any], prediction: dict[str, Any],
+           corrected: Optional[dict[str, Any]] = None) -> tuple[list[str], dict[str, Any]]:
+    """The table per point and the targets' verdicts. ``corrected``: the model's points again with
+    each point's compute measured (``measured_scales``), where the jobs measured it."""
+    lines, worst, worst_corrected, verdicts = [], (0.0, ""), (0.0, ""), {}
     for point, record in results["points"].items():
         measured = epochs(record["job"])
         predicted = prediction["points"][point]["variants"]
+        again = (corrected or {}).get(point, {}).get("variants")
         ddp = measured["ddp"]
-        lines.append(f"== {point} ({record['date']}, job {record['job']['elapsed_s']:.0f} s) ==")
-        lines.append(f"  {'variant':34s} {'epoch s':>8s} {'x DDP':>6s} {'model s':>8s} {'model err':>9s}")
-        for name in measured:
+        lines.append(f"== {point} ({record['date']}, job {record['job']['elapsed_s']:.0f} s"
+                     + (f"; no-communication step {measured['local'] / EPOCH_STEPS:.3f} s" if "local" in measured else "")
+                     + ") ==")
+        lines.append(f"  {'variant':34s} {'epoch s':>8s} {'x DDP':>6s} {'model s':>8s} {'model err':>9s}"
+                     + (f" {'measured compute: model s':>26s} {'err':>5s}" if again else ""))
+        for name in (n for n in measured if n != "local"):
             model = predicted[name]["epoch_s"]
             error = model / measured[name] - 1
             if abs(error) > abs(worst[0]):
                 worst = (error, f"{name} at {point}")
-            lines.append(f"  {name:34s} {measured[name]:8.1f} {ddp / measured[name]:6.2f} {model:8.1f} {error:+9.0%}")
+            line = f"  {name:34s} {measured[name]:8.1f} {ddp / measured[name]:6.2f} {model:8.1f} {error:+9.0%}"
+            if again:
+                error_again = again[name]["epoch_s"] / measured[name] - 1
+                if abs(error_again) > abs(worst_corrected[0]):
+                    worst_corrected = (error_again, f"{name} at {point}")
+                line += f" {again[name]['epoch_s']:26.1f} {error_again:+5.0%}"
+            lines.append(line)
         flat_over_hier = measured["bytegrad"] / measured["bytegrad-hier"]
         verdicts[point] = flat_over_hier
         lines.append(f"  bytegrad flat / hierarchical: {flat_over_hier:.2f}x (model "
                      f"{predicted['bytegrad']['epoch_s'] / predicted['bytegrad-hier']['epoch_s']:.2f}x)")
     key: dict[str, Any] = {"worst_model_error": worst[0], "worst_model_point": worst[1],
                            "bytegrad_flat_over_hier": verdicts}
+    if corrected:
+        key.update(worst_measured_compute_error=worst_corrected[0], worst_measured_compute_point=worst_corrected[1])
     if "4x2-100mbit" in verdicts:
         key["hier_target_met"] = verdicts["4x2-100mbit"] >= TARGET_HIER
     key["hier_never_slower"] = all(v >= 1 / TARGET_NOT_SLOWER for v in verdicts.values())
@@ -90,7 +115,8 @@ def report(results: dict[str, Any], prediction: dict[str, Any]) -> tuple[list[st
     lines.append(f"KEY: bytegrad flat/hierarchical at 4x2-100mbit "
                  f"{verdicts.get('4x2-100mbit', float('nan')):.2f}x (target >= {TARGET_HIER}x); hierarchical never "
                  f"more than 5% slower: {key['hier_never_slower']}; model's worst error {worst[0]:+.0%} ({worst[1]}; "
-                 f"target within 25%)")
+                 f"target within 25%)" + (f"; with each point's compute measured {worst_corrected[0]:+.0%} "
+                                          f"({worst_corrected[1]})" if corrected else ""))
     return lines, key
 
 
@@ -105,7 +131,7 @@ def plot(results: dict[str, Any], prediction: dict[str, Any], path: Path) -> Non
     fig, axes = plt.subplots(1, len(points), figsize=(4.2 * len(points), 4.2), squeeze=False)
     for ax, point in zip(axes[0], points):
         measured = epochs(results["points"][point]["job"])
-        names = list(measured)
+        names = [n for n in measured if n != "local"]
         ax.bar(range(len(names)), [measured[n] for n in names], color="#7aa6c2", label="measured")
         ax.plot(range(len(names)), [prediction["points"][point]["variants"][n]["epoch_s"] for n in names], "k_",
                 markersize=14, label="model (before the run)")
@@ -147,7 +173,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 continue
             results["points"][point] = {"date": time.strftime("%Y-%m-%d %H:%M"), "job": job}
             RESULTS.write_text(json.dumps(results, indent=1))
-    lines, key = report(results, prediction)
+    fit = json.loads((HERE / "results" / "tradeoff_model.json").read_text())
+    sweep = json.loads((HERE / "results" / "tradeoff.json").read_text())
+    scales = measured_scales(results, fit)
+    corrected = {k: v for k, v in predictions(fit, sweep, scales).items() if k in scales} if scales else None
+    lines, key = report(results, prediction, corrected)
     results["key"] = key
     RESULTS.write_text(json.dumps(results, indent=1))
     print("\n".join(lines))

@@ -54,15 +54,18 @@ VARIANTS = (
 )
 
 
-def predictions(fit: dict[str, Any], sweep: dict[str, Any]) -> dict[str, Any]:
-    """Epoch seconds per point ``"{M}x{R}-{link}"`` and variant, and what went into each."""
+def predictions(fit: dict[str, Any], sweep: dict[str, Any], scales: Optional[dict[str, float]] = None) -> dict[str, Any]:
+    """Epoch seconds per point ``"{M}x{R}-{link}"`` and variant, and what went into each.
+    ``scales``: a point's compute scale, measured (its no-communication step over the fit's torch
+    DDP compute at 4 ranks), instead of ``compute_scale``'s linear sharing of the cores."""
     constants = Constants(**fit["constants"])
     recorded = sweep["settings"]["x8-100mbit"]["job"]["variants"]  # the LM's buckets per variant, as recorded
     points: dict[str, Any] = {}
     for machines, per in LAYOUTS:
         world = machines * per
-        scale = compute_scale(sweep, world, 4)
         for link_name, link in LINKS.items():
+            key = f"{machines}x{per}-{link_name}"
+            scale = (scales or {}).get(key) or compute_scale(sweep, world, 4)
             rows = {}
             for name, advise_name, hierarchical in VARIANTS:
                 base = name.removesuffix("-hier")
@@ -72,7 +75,7 @@ def predictions(fit: dict[str, Any], sweep: dict[str, Any]) -> dict[str, Any]:
                             hierarchical=hierarchical)
                 rows[name] = {"epoch_s": p.step_s * EPOCH_STEPS, "step_s": p.step_s, "compute_s": p.compute_s,
                               "exposed_s": p.exposed_s, "hops": p.hops, "bytes_per_step": p.nbytes}
-            points[f"{machines}x{per}-{link_name}"] = {
+            points[key] = {
                 "machines": machines, "ranks_per_machine": per, "link": {"bandwidth_bit_s": link.bandwidth_bit_s,
                                                                          "latency_s": link.latency_s},
                 "compute_scale": scale, "variants": rows}

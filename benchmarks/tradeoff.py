@@ -51,9 +51,10 @@ logger = logging.getLogger("tradeoff")
 JSON_TAG = "@@tradeoff@@ "
 VARIANTS = ("ddp", "ddp-fp16", "gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized",
             "async", "qadam", "onebit_grad")
-# with several ranks per machine (benchmarks/machines.py): hierarchical=True, exact within each machine
+# with several ranks per machine (benchmarks/machines.py): hierarchical=True, exact within each machine;
+# "local": the step with no wrapper and no communication (the compute at that many ranks on these cores)
 HIERARCHICAL_VARIANTS = ("gradient_allreduce-hier", "bytegrad-hier", "decentralized-hier",
-                         "low_precision_decentralized-hier")
+                         "low_precision_decentralized-hier", "local")
 EPOCH_STEPS = 100
 WARMUP = 1  # untimed steps per variant (qadam's fp32 warm-up and onebit_grad's exact one are this long)
 ASYNC_INTERVAL_MS = 50  # as examples/train_lm.py
@@ -164,7 +165,8 @@ def run_worker(args: argparse.Namespace) -> int:
             print(f"[{args.setting}] {msg} ({time.monotonic() - t_start:.0f}s)", flush=True)
 
     def lm_args(name: str):  # the model and optimizer ("-hier" changes neither)
-        algorithm = train_lm.BASELINE if name.startswith("ddp") else name.removesuffix("-hier")  # fp16 hook: Variant's
+        plain = name.startswith("ddp") or name == "local"  # torch's model and optimizer (the fp16 hook: Variant's)
+        algorithm = train_lm.BASELINE if plain else name.removesuffix("-hier")
         return train_lm.parse_args([*MODEL[args.size], "--algorithm", algorithm, "--warmup-steps", str(WARMUP),
                                     "--cache-dir", args.cache_dir])
 
@@ -181,7 +183,7 @@ def run_worker(args: argparse.Namespace) -> int:
     log(f"built {len(variants)} variants of the {params / 1e6:.2f}M-parameter LM; {len(batches)} batches per rank")
     rows, diverged = time_interleaved(variants, batches, WARMUP, args.reps, args.block, log, tx_bytes_reader())
     for v in variants:
-        if v.name in rows:
+        if v.name in rows and not v.is_local:  # local: no collective to count
             speculating = rows[v.name].get("overlap_trial", (True,))[0]
             rows[v.name].update(messages_per_step(v.name, bucket_layout(v), world, speculating, args.ranks_per_machine))
         if v.name not in diverged or v.is_torch:  # a torch DDP goes before the groups: Variant.close
