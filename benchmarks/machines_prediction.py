@@ -36,7 +36,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from bagua.advise import Constants, Link, predict  # noqa: E402
 from tradeoff import EPOCH_STEPS  # noqa: E402
-from tradeoff_fit import ADVISE_NAME, compute_scale  # noqa: E402
+from tradeoff_fit import compute_scale  # noqa: E402
 
 LAYOUTS = ((4, 2), (8, 2))
 LINKS = {"100mbit": Link(100e6, 0.0), "1gbit-5ms": Link(1e9, 0.005)}
@@ -70,7 +70,7 @@ def predictions(fit: dict[str, Any], sweep: dict[str, Any], scales: Optional[dic
             for name, advise_name, hierarchical in VARIANTS:
                 base = name.removesuffix("-hier")
                 buckets = recorded[base]["buckets"]
-                compute = fit["compute_s"][ADVISE_NAME.get(base, advise_name)] * scale
+                compute = fit["compute_s"][advise_name] * scale
                 p = predict(advise_name, buckets, world, link, compute, constants, ranks_per_machine=per,
                             hierarchical=hierarchical)
                 rows[name] = {"epoch_s": p.step_s * EPOCH_STEPS, "step_s": p.step_s, "compute_s": p.compute_s,

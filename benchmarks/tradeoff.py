@@ -51,9 +51,9 @@ logger = logging.getLogger("tradeoff")
 JSON_TAG = "@@tradeoff@@ "
 VARIANTS = ("ddp", "ddp-fp16", "gradient_allreduce", "bytegrad", "decentralized", "low_precision_decentralized",
             "async", "qadam", "onebit_grad")
-# with several ranks per machine (benchmarks/machines.py): hierarchical=True, exact within each machine;
-# "local": the step with no wrapper and no communication (the compute at that many ranks on these cores)
-HIERARCHICAL_VARIANTS = ("gradient_allreduce-hier", "bytegrad-hier", "decentralized-hier",
+# benchmarks/machines.py's own (several ranks per machine): "-hier", hierarchical=True, exact within each
+# machine; "local", the step with no wrapper and no communication (the compute at that many ranks on these cores)
+MACHINES_VARIANTS = ("gradient_allreduce-hier", "bytegrad-hier", "decentralized-hier",
                          "low_precision_decentralized-hier", "local")
 EPOCH_STEPS = 100
 WARMUP = 1  # untimed steps per variant (qadam's fp32 warm-up and onebit_grad's exact one are this long)
@@ -313,7 +313,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--size", default=None, choices=list(MODEL), help=argparse.SUPPRESS)
     parser.add_argument("--reps", type=int, default=2, help=argparse.SUPPRESS)
     parser.add_argument("--block", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS + HIERARCHICAL_VARIANTS, default=list(VARIANTS),
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS + MACHINES_VARIANTS, default=list(VARIANTS),
                         help=argparse.SUPPRESS)
     # the machines the model counts the recorded pattern on (1: every rank a machine, as in the sweep and
     # on loopback; benchmarks/machines.py gives its layout's)

@@ -304,7 +304,7 @@ class StripedProcessGroup(dist.ProcessGroup):
 
     def allgather(self, output_lists, inputs, opts=None):
         opts = opts or dist.AllgatherOptions()
-        count = self._gather_count(inputs, output_lists)
+        count = self._count_with_lists(inputs, output_lists)
         if count == 1:
             return self._for(inputs).allgather(output_lists, inputs, opts)
         flat, rows = inputs[0].view(-1), [out.view(-1) for out in output_lists[0]]
@@ -319,7 +319,7 @@ class StripedProcessGroup(dist.ProcessGroup):
 
     def gather(self, output_lists, inputs, opts=None):
         opts = opts or dist.GatherOptions()
-        count = self._gather_count(inputs, output_lists)
+        count = self._count_with_lists(inputs, output_lists)
         if count == 1:
             return self._for(inputs).gather(output_lists, inputs, opts)
         flat = inputs[0].view(-1)
@@ -327,14 +327,16 @@ class StripedProcessGroup(dist.ProcessGroup):
         return self._pieces(
             flat, lambda g, part: g.gather([[r[part] for r in rows]] if rows else [], [flat[part]], opts), count)
 
-    def _gather_count(self, inputs, output_lists) -> int:
-        listed = [t for outs in output_lists for t in outs]
-        return self._count([*inputs, *listed], inputs[0].nbytes) if len(inputs) == 1 else 1
+    def _count_with_lists(self, singles, lists) -> int:
+        """Pieces for a call on one tensor per rank (``singles``: the gather's input, the scatter's
+        output) with one per peer on the other side (``lists``): by the single tensor's bytes,
+        1 unless there is exactly one and every tensor may be cut."""
+        listed = [t for per_peer in lists for t in per_peer]
+        return self._count([*singles, *listed], singles[0].nbytes) if len(singles) == 1 else 1
 
     def scatter(self, outputs, input_lists, opts=None):
         opts = opts or dist.ScatterOptions()
-        listed = [t for ins in input_lists for t in ins]
-        count = self._count([*outputs, *listed], outputs[0].nbytes) if len(outputs) == 1 else 1
+        count = self._count_with_lists(outputs, input_lists)
         if count == 1:
             return self._for(outputs).scatter(outputs, input_lists, opts)
         flat = outputs[0].view(-1)
@@ -344,8 +346,7 @@ class StripedProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         opts = opts or dist.ReduceScatterOptions()
-        listed = [t for ins in input_lists for t in ins]
-        count = self._count([*outputs, *listed], outputs[0].nbytes) if len(outputs) == 1 else 1
+        count = self._count_with_lists(outputs, input_lists)
         if count == 1:
             return self._for(outputs).reduce_scatter(outputs, input_lists, opts)
         flat, parts = outputs[0].view(-1), [t.view(-1) for t in input_lists[0]]

@@ -210,12 +210,19 @@ def _striped_ddp(rank: int, backend: str) -> list:
     return weights
 
 
-def test_torch_ddp_on_the_striped_backend_trains_as_on_gloo():
-    gloo = run_ranks(_striped_ddp, 2, "gloo", init=False, local_world_size=1)
-    striped = run_ranks(_striped_ddp, 2, "bagua", init=False, local_world_size=1)
+def _trained_alike(train) -> list:
+    """``train(rank, backend)`` on 2 ranks with Gloo and with the striped backend: each rank's tensors
+    bit-equal between the two; returns the striped run's."""
+    gloo = run_ranks(train, 2, "gloo", init=False, local_world_size=1)
+    striped = run_ranks(train, 2, "bagua", init=False, local_world_size=1)
     for ours, theirs in zip(striped, gloo):
         for a, b in zip(ours, theirs):
             assert torch.equal(a, b)
+    return striped
+
+
+def test_torch_ddp_on_the_striped_backend_trains_as_on_gloo():
+    striped = _trained_alike(_striped_ddp)
     assert all(torch.equal(a, b) for a, b in zip(striped[0], striped[1]))  # the replicas agree
 
 
@@ -248,11 +255,7 @@ def _fsdp_shards(rank: int, backend: str) -> list:
 
 
 def test_fsdp_on_the_striped_backend_trains_as_on_gloo():
-    gloo = run_ranks(_fsdp_shards, 2, "gloo", init=False, local_world_size=1)
-    striped = run_ranks(_fsdp_shards, 2, "bagua", init=False, local_world_size=1)
-    for ours, theirs in zip(striped, gloo):
-        for a, b in zip(ours, theirs):
-            assert torch.equal(a, b)
+    _trained_alike(_fsdp_shards)
 
 
 def _connections(rank: int, options: dict, local_env: str) -> tuple[int, list[str]]:
