@@ -261,18 +261,28 @@ def check_algorithm(algorithm: str) -> None:
 
 # ---- step time ------------------------------------------------------------------------------------
 
-def cpu_slowdown(processes: float, cores: float, background: float = 0.0) -> float:
+def cpu_slowdown(processes: float, cores: float, background: float = 0.0, contention: float = 1.0) -> float:
     """How many times longer CPU-bound work takes in each of ``processes`` processes (ranks) that
     share ``cores`` with ``background`` other runnable ones (the load that was there before them):
-    the scheduler shares the cores evenly, so ``max(1, (processes + background) / cores)``.
+    each core's share, ``max(1, (processes + background) / cores)``, to the power ``contention``.
 
-    Several ranks on one CPU machine stretch each step's compute by this; scale a compute time
-    measured at one rank count to another by the ratio of the two (8 ranks on 2 idle cores: 2x
-    the compute of 4 ranks). On a GPU each rank has its own device: leave compute as measured.
+    ``contention`` 1 is a scheduler that shares the cores evenly at no cost. Past one process a
+    core the switches and the caches they evict cost more than the share: on the 2-core box of
+    benchmarks/RESULTS.md the no-communication step at 8 and 16 ranks fits 1.32
+    (``benchmarks/machines_prediction.py`` fits it; the linear share had predicted 16 ranks' compute
+    at x3.4 of 4 ranks' where x4.8-5.3 was measured). Several ranks on one CPU machine stretch each
+    step's compute by this; scale a compute time measured at one rank count to another by the
+    ratio of the two. On a GPU each rank has its own device: leave compute as measured.
+
+    Example::
+
+        cpu_slowdown(8, 2) / cpu_slowdown(4, 2)                                   # 2.0
+        cpu_slowdown(16, 2, 1.0, contention=1.32) / cpu_slowdown(4, 2, 1.0, 1.32)  # 5.0
     """
-    if processes < 1 or cores <= 0 or background < 0:
-        raise ValueError(f"need processes >= 1, cores > 0 and background >= 0, got {processes}, {cores}, {background}")
-    return max(1.0, (processes + background) / cores)
+    if processes < 1 or cores <= 0 or background < 0 or contention < 1:
+        raise ValueError(f"need processes >= 1, cores > 0, background >= 0 and contention >= 1, "
+                         f"got {processes}, {cores}, {background}, {contention}")
+    return max(1.0, (processes + background) / cores) ** contention
 
 
 def one_way_delays(c: Collective, backend: str = "gloo") -> float:

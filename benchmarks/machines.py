@@ -14,10 +14,18 @@ Targets (issue 41): hierarchical bytegrad at least 1.8x faster than flat bytegra
 100 Mbit/s, and never more than 5% slower than flat at any point; the model within 25% of every
 measured epoch.
 
+``--held-out``: the shapes of the second prediction (``machines_prediction.py --held-out``, 6 x 2
+and 4 x 4, with the contention the first runs showed), into ``results/machines_heldout.json``.
+``--size comm-bound``: the 4 x 2, 100 Mbit/s point on a model with little compute per byte
+(``tradeoff.MODEL``), torch DDP and bytegrad flat and hierarchical only, into
+``results/machines_comm_bound.json``; reported against the ceiling its bytes allow.
+
 Usage::
 
-    python benchmarks/machines.py                        # every point (~20 min here, root)
+    python benchmarks/machines.py                        # every point (~10 min here, root)
     python benchmarks/machines.py --points 4x2-100mbit   # one
+    python benchmarks/machines.py --held-out             # the held-out shapes (~12 min)
+    python benchmarks/machines.py --size comm-bound      # hierarchical bytegrad where bytes dominate
     python benchmarks/machines.py --report               # tables and plot from the JSON
 """
 
@@ -35,42 +43,35 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _jobs import run_job  # noqa: E402
-from machines_prediction import LINKS, VARIANTS, predictions  # noqa: E402
+from machines_prediction import HELD_OUT_LAYOUTS, LAYOUTS, LINKS, VARIANTS, measured_scales, predictions  # noqa: E402
 from tradeoff import EPOCH_STEPS, JSON_TAG  # noqa: E402
 
 logger = logging.getLogger("machines")
-RESULTS = HERE / "results" / "machines.json"
+RESULTS, HELD_OUT_RESULTS = HERE / "results" / "machines.json", HERE / "results" / "machines_heldout.json"
+COMM_BOUND_RESULTS = HERE / "results" / "machines_comm_bound.json"
 PREDICTION = HERE / "results" / "machines_prediction.json"
-FIGURE = HERE / "figures" / "machines.png"
+HELD_OUT_PREDICTION = HERE / "results" / "machines_heldout_prediction.json"
+FIGURE, HELD_OUT_FIGURE = HERE / "figures" / "machines.png", HERE / "figures" / "machines_heldout.png"
+COMM_BOUND_VARIANTS = ("ddp", "bytegrad", "bytegrad-hier", "local")
 LINK_FLAGS = {"100mbit": ["--rate", "100mbit"], "1gbit-5ms": ["--rate", "1gbit", "--delay", "5"]}
 TARGET_HIER, TARGET_NOT_SLOWER, TARGET_MODEL = 1.8, 1.05, 0.25
 
 
 def worker_command(point: str, machines: int, per: int, reps: int, block: int, cache_dir: str,
-                   timeout: float) -> list[str]:
+                   timeout: float, size: str = "full",
+                   variants: Sequence[str] = (*(name for name, _, _ in VARIANTS), "local")) -> list[str]:
     """The netns.py command line of one point's job."""
     link = point.split("-", 1)[1]
     py = sys.executable
     return [py, str(HERE / "netns.py"), "--machines", str(machines), "--ranks-per-machine", str(per),
             *LINK_FLAGS[link], "--timeout", str(timeout), "--", py, str(HERE / "tradeoff.py"), "--worker",
-            "--setting", point, "--size", "full", "--reps", str(reps), "--block", str(block), "--cache-dir", cache_dir,
-            "--ranks-per-machine", str(per), "--variants", *(name for name, _, _ in VARIANTS), "local"]
+            "--setting", point, "--size", size, "--reps", str(reps), "--block", str(block), "--cache-dir", cache_dir,
+            "--ranks-per-machine", str(per), "--variants", *variants]
 
 
 def epochs(job: dict[str, Any]) -> dict[str, float]:
     """Epoch seconds per variant: ``EPOCH_STEPS`` steps at its mean timed step."""
     return {name: row["epoch_s"] / (job["reps"] * job["block"]) * EPOCH_STEPS for name, row in job["variants"].items()}
-
-
-def measured_scales(results: dict[str, Any], fit: dict[str, Any]) -> dict[str, float]:
-    """Each point's compute scale as measured: its no-communication step ("local") over the fit's
-    torch DDP compute at 4 ranks (points whose job ran no "local" are left out)."""
-    scales = {}
-    for point, record in results["points"].items():
-        row = record["job"]["variants"].get("local")
-        if row:
-            scales[point] = row["epoch_s"] / (record["job"]["reps"] * record["job"]["block"]) / fit["compute_s"]["torch-ddp"]
-    return scales
 
 
 def report(results: dict[str, Any], prediction: dict[str, Any],
@@ -120,6 +121,30 @@ def report(results: dict[str, Any], prediction: dict[str, Any],
     return lines, key
 
 
+def comm_bound_report(results: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """Hierarchical bytegrad against flat where bytes dominate, beside the ceiling its bytes allow:
+    ``(compute + flat's transfer) / (compute + hierarchical's)``, compute the measured
+    no-communication step, a transfer the bytes the model counts over a machine's link at its rate."""
+    lines, key = [], {}
+    for point, record in results["points"].items():
+        job, rate = record["job"], LINKS[point.split("-", 1)[1]].bandwidth_bit_s
+        measured = epochs(job)
+        compute = measured["local"] / EPOCH_STEPS
+        transfer = {n: 8 * job["variants"][n]["model_bytes_per_step"] / rate for n in ("bytegrad", "bytegrad-hier")}
+        ceiling = (compute + transfer["bytegrad"]) / (compute + transfer["bytegrad-hier"])
+        ratio = measured["bytegrad"] / measured["bytegrad-hier"]
+        key[point] = {"bytegrad_flat_over_hier": ratio, "ceiling": ceiling, "compute_s": compute,
+                      "transfer_s": transfer, "params": job["params"], "target_met": ratio >= TARGET_HIER}
+        lines.append(f"== {point}, {job['params'] / 1e6:.1f}M parameters ({record['date']}, job {job['elapsed_s']:.0f} s;"
+                     f" no-communication step {compute:.3f} s) ==")
+        for name in (n for n in measured if n != "local"):
+            lines.append(f"  {name:14s} epoch {measured[name]:7.1f} s  {measured['ddp'] / measured[name]:5.2f}x DDP")
+        lines.append(f"  bytegrad flat / hierarchical: {ratio:.2f}x (target >= {TARGET_HIER}x); the bytes allow "
+                     f"{ceiling:.2f}x: ({compute:.2f} + {transfer['bytegrad']:.2f}) / ({compute:.2f} + "
+                     f"{transfer['bytegrad-hier']:.2f}) s")
+    return lines, key
+
+
 def plot(results: dict[str, Any], prediction: dict[str, Any], path: Path) -> None:
     """Epoch per variant per point: measured bars, the model's epoch as a tick."""
     import matplotlib
@@ -147,7 +172,10 @@ def plot(results: dict[str, Any], prediction: dict[str, Any], path: Path) -> Non
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--points", nargs="+", default=[f"{m}x{r}-{link}" for m, r in ((4, 2), (8, 2)) for link in LINKS])
+    p.add_argument("--points", nargs="+", default=None, help="default: every point of the chosen prediction")
+    p.add_argument("--held-out", action="store_true", help="the held-out shapes of machines_heldout_prediction.json")
+    p.add_argument("--size", default="full", choices=("full", "comm-bound"),
+                   help="comm-bound: the 4x2 100 Mbit/s point with tradeoff.MODEL's comm-bound model")
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--block", type=int, default=2)
     p.add_argument("--timeout", type=float, default=1500.0)
@@ -156,33 +184,42 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="machines: %(message)s")
-    prediction = json.loads(PREDICTION.read_text())
-    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"points": {}}
+    comm_bound = args.size == "comm-bound"
+    prediction = json.loads((HELD_OUT_PREDICTION if args.held_out else PREDICTION).read_text())
+    path = COMM_BOUND_RESULTS if comm_bound else HELD_OUT_RESULTS if args.held_out else RESULTS
+    results = json.loads(path.read_text()) if path.exists() else {"points": {}}
+    points = args.points or (["4x2-100mbit"] if comm_bound else list(prediction["points"]))
     failed = []
     if not args.report:
-        for point in args.points:
+        for point in points:
             if point not in prediction["points"]:
                 p.error(f"unknown point {point!r}; known: {', '.join(prediction['points'])}")
             layout = prediction["points"][point]
             cmd = worker_command(point, layout["machines"], layout["ranks_per_machine"], args.reps, args.block,
-                                 args.cache_dir, args.timeout)
+                                 args.cache_dir, args.timeout, args.size,
+                                 **({"variants": COMM_BOUND_VARIANTS} if comm_bound else {}))
             print(f"\n### {point}", flush=True)
             job = run_job(cmd, args.timeout + 60, JSON_TAG, logger)
             if job is None:
                 failed.append(point)
                 continue
             results["points"][point] = {"date": time.strftime("%Y-%m-%d %H:%M"), "job": job}
-            RESULTS.write_text(json.dumps(results, indent=1))
-    fit = json.loads((HERE / "results" / "tradeoff_model.json").read_text())
-    sweep = json.loads((HERE / "results" / "tradeoff.json").read_text())
-    scales = measured_scales(results, fit)
-    corrected = {k: v for k, v in predictions(fit, sweep, scales).items() if k in scales} if scales else None
-    lines, key = report(results, prediction, corrected)
+            path.write_text(json.dumps(results, indent=1))
+    if comm_bound:
+        lines, key = comm_bound_report(results)
+    else:
+        fit = json.loads((HERE / "results" / "tradeoff_model.json").read_text())
+        sweep = json.loads((HERE / "results" / "tradeoff.json").read_text())
+        scales = measured_scales(results, fit)
+        layouts = HELD_OUT_LAYOUTS if args.held_out else LAYOUTS
+        corrected = ({k: v for k, v in predictions(fit, sweep, scales, layouts).items() if k in scales}
+                     if scales else None)
+        lines, key = report(results, prediction, corrected)
     results["key"] = key
-    RESULTS.write_text(json.dumps(results, indent=1))
+    path.write_text(json.dumps(results, indent=1))
     print("\n".join(lines))
-    if not args.no_plot and results["points"]:
-        plot(results, prediction, FIGURE)
+    if not comm_bound and not args.no_plot and results["points"]:
+        plot(results, prediction, HELD_OUT_FIGURE if args.held_out else FIGURE)
     return 1 if failed else 0
 
 

@@ -16,9 +16,15 @@ a model that never saw the shape:
 - qadam and onebit_grad are predicted flat (``hierarchical=False``, their default), async is left
   out (its averaging is off the step: its epoch is its compute).
 
+``--held-out`` writes the second prediction, ``results/machines_heldout_prediction.json``, for
+shapes the first runs never touched (6 machines x 2 ranks, 4 x 4): the same fit, with compute at
+n ranks scaled by ``cpu_slowdown``'s contention exponent fitted on the first runs' measured
+no-communication steps (``fit_contention``), the one thing those runs showed the model lacked.
+
 Example::
 
-    python benchmarks/machines_prediction.py          # writes benchmarks/results/machines_prediction.json
+    python benchmarks/machines_prediction.py              # writes benchmarks/results/machines_prediction.json
+    python benchmarks/machines_prediction.py --held-out   # ... machines_heldout_prediction.json
 """
 
 from __future__ import annotations
@@ -36,9 +42,11 @@ sys.path.insert(0, str(HERE.parent))
 
 from bagua.advise import Constants, Link, predict  # noqa: E402
 from tradeoff import EPOCH_STEPS  # noqa: E402
-from tradeoff_fit import compute_scale  # noqa: E402
+from tradeoff_fit import compute_scale, machine_facts  # noqa: E402
 
 LAYOUTS = ((4, 2), (8, 2))
+HELD_OUT_LAYOUTS = ((6, 2), (4, 4))  # 12 ranks and 4 a machine: neither was measured before
+FITTED_WORLD = 4  # the sweep's per-variant compute is at 4 ranks
 LINKS = {"100mbit": Link(100e6, 0.0), "1gbit-5ms": Link(1e9, 0.005)}
 #: the variants measured: (benchmark name, bagua.advise name, hierarchical)
 VARIANTS = (
@@ -54,18 +62,20 @@ VARIANTS = (
 )
 
 
-def predictions(fit: dict[str, Any], sweep: dict[str, Any], scales: Optional[dict[str, float]] = None) -> dict[str, Any]:
+def predictions(fit: dict[str, Any], sweep: dict[str, Any], scales: Optional[dict[str, float]] = None,
+                layouts: Sequence[tuple[int, int]] = LAYOUTS, contention: float = 1.0) -> dict[str, Any]:
     """Epoch seconds per point ``"{M}x{R}-{link}"`` and variant, and what went into each.
     ``scales``: a point's compute scale, measured (its no-communication step over the fit's torch
-    DDP compute at 4 ranks), instead of ``compute_scale``'s linear sharing of the cores."""
+    DDP compute at 4 ranks), instead of ``compute_scale``'s sharing of the cores (with
+    ``contention``, ``cpu_slowdown``'s exponent)."""
     constants = Constants(**fit["constants"])
     recorded = sweep["settings"]["x8-100mbit"]["job"]["variants"]  # the LM's buckets per variant, as recorded
     points: dict[str, Any] = {}
-    for machines, per in LAYOUTS:
+    for machines, per in layouts:
         world = machines * per
         for link_name, link in LINKS.items():
             key = f"{machines}x{per}-{link_name}"
-            scale = (scales or {}).get(key) or compute_scale(sweep, world, 4)
+            scale = (scales or {}).get(key) or compute_scale(sweep, world, FITTED_WORLD, contention=contention)
             rows = {}
             for name, advise_name, hierarchical in VARIANTS:
                 base = name.removesuffix("-hier")
@@ -82,17 +92,64 @@ def predictions(fit: dict[str, Any], sweep: dict[str, Any], scales: Optional[dic
     return points
 
 
+def measured_scales(results: dict[str, Any], fit: dict[str, Any]) -> dict[str, float]:
+    """Each point's compute scale as measured: its no-communication step ("local") over the fit's
+    torch DDP compute at 4 ranks (points whose job ran no "local" are left out)."""
+    scales = {}
+    for point, record in results["points"].items():
+        row = record["job"]["variants"].get("local")
+        if row:
+            scales[point] = row["epoch_s"] / (record["job"]["reps"] * record["job"]["block"]) / fit["compute_s"]["torch-ddp"]
+    return scales
+
+
+def fit_contention(results: dict[str, Any], fit: dict[str, Any], sweep: dict[str, Any]) -> float:
+    """``cpu_slowdown``'s exponent that best explains the measured compute scales of ``results``
+    (machines.py's runs): least squares through the origin on logs, each point's scale against its
+    world's share of the sweep machine's cores over the fitted world's (at least 1: the cores are
+    never shared at a gain).
+
+    Example::
+
+        fit_contention(json.load(open("benchmarks/results/machines.json")), fit, sweep)   # 1.3
+    """
+    import math
+
+    xs, ys = [], []
+    for point, scale in measured_scales(results, fit).items():
+        world = results["points"][point]["job"]["world"]
+        xs.append(math.log(compute_scale(sweep, world, FITTED_WORLD)))
+        ys.append(math.log(scale))
+    if not xs or not any(xs):
+        raise ValueError("no measured compute at another world size than the fit's: run machines.py first")
+    return max(1.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs))
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--fit", default=str(HERE / "results" / "tradeoff_model.json"))
     p.add_argument("--sweep", default=str(HERE / "results" / "tradeoff.json"))
-    p.add_argument("--out", default=str(HERE / "results" / "machines_prediction.json"))
+    p.add_argument("--held-out", action="store_true",
+                   help="predict HELD_OUT_LAYOUTS with the contention fitted on results/machines.json")
+    p.add_argument("--out", default=None, help="default results/machines_prediction.json "
+                                                "(--held-out: results/machines_heldout_prediction.json)")
     args = p.parse_args(argv)
     fit, sweep = json.loads(Path(args.fit).read_text()), json.loads(Path(args.sweep).read_text())
-    points = predictions(fit, sweep)
-    record = {"date": time.strftime("%Y-%m-%d %H:%M"), "fitted_on": fit["fit_settings"],
-              "constants": fit["constants"], "epoch_steps": EPOCH_STEPS, "points": points}
-    Path(args.out).write_text(json.dumps(record, indent=1))
+    record: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "fitted_on": fit["fit_settings"],
+                              "constants": fit["constants"], "epoch_steps": EPOCH_STEPS}
+    if args.held_out:
+        measured = json.loads((HERE / "results" / "machines.json").read_text())
+        contention = fit_contention(measured, fit, sweep)
+        record.update(contention=contention, contention_fitted_on=sorted(measured_scales(measured, fit)),
+                      machine=machine_facts(sweep))
+        points = predictions(fit, sweep, layouts=HELD_OUT_LAYOUTS, contention=contention)
+        out = Path(args.out or HERE / "results" / "machines_heldout_prediction.json")
+        print(f"cpu_slowdown's contention, fitted on {', '.join(record['contention_fitted_on'])}: {contention:.3f}")
+    else:
+        points = predictions(fit, sweep)
+        out = Path(args.out or HERE / "results" / "machines_prediction.json")
+    record["points"] = points
+    out.write_text(json.dumps(record, indent=1))
     for key, point in points.items():
         ddp = point["variants"]["ddp"]["epoch_s"]
         print(f"{key} (compute x{point['compute_scale']:.2f}):")
@@ -101,7 +158,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   f"{row['bytes_per_step'] / 1e6:6.2f} MB/step  {row['hops']:3d} messages in sequence")
         flat, hier = point["variants"]["bytegrad"]["epoch_s"], point["variants"]["bytegrad-hier"]["epoch_s"]
         print(f"  bytegrad flat / hierarchical: {flat / hier:.2f}x")
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
     return 0
 
 

@@ -63,6 +63,8 @@ MODEL = {
     "full": ["--layers", "4", "--width", "256", "--heads", "4", "--context", "64", "--batch-size", "4"],
     "quick": ["--layers", "2", "--width", "128", "--heads", "2", "--context", "64", "--batch-size", "4",
               "--max-files", "300"],
+    # little compute per byte: GPT-2 4 x 512 (12.7M parameters, 51 MB of fp32 gradients), one 16-token document
+    "comm-bound": ["--layers", "4", "--width", "512", "--heads", "8", "--context", "16", "--batch-size", "1"],
 }  # fmt: skip
 NUM_BATCHES = 4  # per rank, cycled
 

@@ -101,15 +101,18 @@ def machine_facts(results: dict[str, Any]) -> dict[str, float]:
     return {"cpus": float(cpus) if cpus else float("nan"), "load_start": float(load)}
 
 
-def compute_scale(results: dict[str, Any], world: int, fitted_world: int, background: Optional[float] = None) -> float:
+def compute_scale(results: dict[str, Any], world: int, fitted_world: int, background: Optional[float] = None,
+                  contention: float = 1.0) -> float:
     """How much longer a step's compute is at ``world`` ranks than at ``fitted_world`` on the sweep's
     machine (every rank there, sharing its CPUs with the load it had): ``cpu_slowdown``'s ratio.
-    ``background``: the other load (default: the recorded load at the start)."""
+    ``background``: the other load (default: the recorded load at the start); ``contention``:
+    ``cpu_slowdown``'s exponent (1: the cores shared at no cost)."""
     facts = machine_facts(results)
     if not facts["cpus"] > 0:
         return 1.0
     load = facts["load_start"] if background is None else background
-    return cpu_slowdown(world, facts["cpus"], load) / cpu_slowdown(fitted_world, facts["cpus"], load)
+    return (cpu_slowdown(world, facts["cpus"], load, contention)
+            / cpu_slowdown(fitted_world, facts["cpus"], load, contention))
 
 
 def predicted(obs: dict[str, Any], compute: dict[str, float], constants: Constants, scale: float = 1.0) -> float:

@@ -117,6 +117,11 @@ def test_ranks_share_the_cores_with_what_runs_there():
     assert cpu_slowdown(8, 2, background=5.1) / cpu_slowdown(4, 2, background=5.1) == pytest.approx(13.1 / 9.1)
     with pytest.raises(ValueError):
         cpu_slowdown(0, 2)
+    # contention: past one process a core, each one costs more than its share
+    assert cpu_slowdown(8, 2, contention=1.5) / cpu_slowdown(4, 2, contention=1.5) == pytest.approx(2 ** 1.5)
+    assert cpu_slowdown(2, 2, contention=1.5) == 1.0  # a core each: no contention to pay
+    with pytest.raises(ValueError, match="contention"):
+        cpu_slowdown(8, 2, contention=0.5)
 
 
 def test_predict_all_ranks_fastest_first_and_buckets_at_25_mib():

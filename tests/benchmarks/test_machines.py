@@ -3,6 +3,7 @@ error per variant and the targets' verdicts; machines_prediction.py: the model's
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -35,11 +36,7 @@ def test_the_report_compares_with_the_model_and_judges_the_targets():
 
 
 def test_the_prediction_covers_every_point_and_variant():
-    import json
-
-    here = Path(machines_prediction.__file__).parent / "results"
-    fit, sweep = (json.loads((here / name).read_text()) for name in ("tradeoff_model.json", "tradeoff.json"))
-    points = machines_prediction.predictions(fit, sweep)
+    points = machines_prediction.predictions(recorded("tradeoff_model.json"), recorded("tradeoff.json"))
     assert set(points) == {"4x2-100mbit", "4x2-1gbit-5ms", "8x2-100mbit", "8x2-1gbit-5ms"}
     for point in points.values():
         assert set(point["variants"]) == {name for name, _, _ in machines_prediction.VARIANTS}
@@ -47,3 +44,43 @@ def test_the_prediction_covers_every_point_and_variant():
         rows = point["variants"]
         assert rows["bytegrad-hier"]["bytes_per_step"] <= rows["bytegrad"]["bytes_per_step"] / 2 + 1
     assert points["8x2-100mbit"]["compute_scale"] > points["4x2-100mbit"]["compute_scale"] > 1
+
+
+def test_the_contention_fit_recovers_the_exponent_of_the_measured_compute():
+    sweep = {"machine": {"cpus": 2, "load_start": 1.0}}
+    fit = {"compute_s": {"torch-ddp": 0.1}}
+
+    def measured(world: int, contention: float) -> dict:
+        scale = machines_prediction.compute_scale(sweep, world, 4, contention=contention)
+        job = _job({"local": 0.1 * scale}) | {"world": world}
+        return {"date": "", "job": job}
+
+    results = {"points": {f"{w}": measured(w, 1.3) for w in (8, 16)}}
+    assert machines_prediction.fit_contention(results, fit, sweep) == pytest.approx(1.3)
+    results = {"points": {"8": measured(8, 1.0)}}  # the cores shared at no cost: the linear model back
+    assert machines_prediction.fit_contention(results, fit, sweep) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="machines.py"):
+        machines_prediction.fit_contention({"points": {}}, fit, sweep)
+    fit, sweep = recorded("tradeoff_model.json"), recorded("tradeoff.json")
+    held_out = machines_prediction.predictions(fit, sweep, layouts=machines_prediction.HELD_OUT_LAYOUTS, contention=1.3)
+    linear = machines_prediction.predictions(fit, sweep, layouts=machines_prediction.HELD_OUT_LAYOUTS)
+    assert set(held_out) == {"6x2-100mbit", "6x2-1gbit-5ms", "4x4-100mbit", "4x4-1gbit-5ms"}
+    assert held_out["4x4-100mbit"]["compute_scale"] > linear["4x4-100mbit"]["compute_scale"]
+
+
+def test_the_comm_bound_report_sets_the_ratio_beside_the_ceiling_of_its_bytes():
+    rows = {"ddp": 4.0, "bytegrad": 2.0, "bytegrad-hier": 1.0, "local": 0.2}
+    job = _job(rows) | {"params": 12.7e6}
+    job["variants"]["bytegrad"]["model_bytes_per_step"] = 30e6 / 8 * 1.0  # 0.3 s at 100 Mbit/s
+    job["variants"]["bytegrad-hier"]["model_bytes_per_step"] = 15e6 / 8 * 1.0
+    lines, key = machines.comm_bound_report({"points": {"4x2-100mbit": {"date": "", "job": job}}})
+    point = key["4x2-100mbit"]
+    assert point["bytegrad_flat_over_hier"] == pytest.approx(2.0) and point["target_met"]
+    assert point["ceiling"] == pytest.approx((0.2 + 0.3) / (0.2 + 0.15))
+    assert "the bytes allow 1.43x" in lines[-1]
+
+
+
+def recorded(name: str) -> dict:
+    """A results file as committed."""
+    return json.loads((Path(machines_prediction.__file__).parent / "results" / name).read_text())
