@@ -48,7 +48,7 @@ class Smoke:
 SMOKES = (
     Smoke("cache", "cache.py", ("--quick", "--repeat", "1")),
     Smoke("sampler", "sampler.py", ("--quick",)),
-    Smoke("wrapper_overhead", "wrapper_overhead.py", ("--steps", "5")),
+    Smoke("wrapper_overhead", "wrapper_overhead.py", ("--steps", "5", "--rounds", "1")),
     Smoke("fused_optimizer", "fused_optimizer.py",
           ("--section", "cpu", "--reps", "2", "--cpu-tensors", "14", "--cpu-elems", "20000")),
     Smoke("fused_optimizer-gpu-interpreted", "fused_optimizer.py",

@@ -4,24 +4,31 @@
 Where a step is bound by the host (small models, fast GPUs, slow VM CPUs: see "GPU check" in
 RESULTS.md), what a data-parallel wrapper adds per parameter tensor to every step decides its
 overhead. This measures it with the arithmetic taken away: a model of many tiny tensors
-(``--layers`` Linear(8, 8) layers, two tensors each), one rank on Gloo (no network), SGD, and
-each training step split into zero_grad / forward / backward / step, timed in process CPU time
-(all threads of the process, so a hand-off to a communication thread counts; a busy machine
-inflates it less than wall time). Variants run interleaved: the plain model, torch DDP, bagua
-``gradient_allreduce``. Printed: the mean microseconds of each phase, and each wrapper's extra
-time per parameter tensor over the plain model.
+(Linear(8, 8) layers, two tensors each), one rank on Gloo (no network), SGD, and each training
+step split into zero_grad / forward / backward / step, timed in process CPU time (all threads of
+the process, so a hand-off to a communication thread counts; a busy machine inflates it less
+than wall time). Variants run interleaved: the plain model, torch DDP, bagua
+``gradient_allreduce``. Printed per round and tensor count: the mean microseconds of each phase,
+each wrapper's extra time per parameter tensor over the plain model, and bagua's extra over torch
+DDP's; then the median of the rounds. ``--out`` writes them as JSON.
 
-    python benchmarks/wrapper_overhead.py              # ~30 s
-    python benchmarks/wrapper_overhead.py --layers 200 --steps 500
+Target (issue 43): bagua's extra host time per whole training step at most 0.5x torch DDP's, at
+148 and at 1,000 parameter tensors.
+
+    python benchmarks/wrapper_overhead.py                    # 148 and 1,000 tensors, 3 rounds (~2 min)
+    python benchmarks/wrapper_overhead.py --tensors 148 --rounds 1 --steps 500
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import statistics
 import time
+from pathlib import Path
+from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -72,28 +79,54 @@ def measure(layers: int, steps: int, warmup: int = 20) -> dict[str, dict[str, fl
     return {kind: {phase: statistics.mean(v) for phase, v in phases.items()} for kind, phases in spent.items()}
 
 
-def main() -> None:
+def extra_per_tensor(results: dict[str, dict[str, float]], tensors: int) -> dict[str, float]:
+    """Each wrapper's extra microseconds per parameter tensor over the plain model, and bagua's
+    extra over torch DDP's (``ratio``)."""
+    plain = sum(results["plain"].values())
+    extra = {kind: (sum(results[kind].values()) - plain) / tensors for kind in ("torch", "bagua")}
+    return {**extra, "ratio": extra["bagua"] / extra["torch"]}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=74, help="Linear(8, 8) layers; 2 tensors each (default 74: 148 tensors, GPT-2 12x768's count)")
+    parser.add_argument("--tensors", type=int, nargs="+", default=[148, 1000],
+                        help="parameter tensors (2 per Linear(8, 8) layer); default 148 (GPT-2 12x768's count) and 1000")
     parser.add_argument("--steps", type=int, default=300)
-    args = parser.parse_args()
+    parser.add_argument("--rounds", type=int, default=3, help="rounds, each timing every tensor count anew")
+    parser.add_argument("--out", default=None, help="write the rounds and medians as JSON here")
+    args = parser.parse_args(argv)
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))  # fmt: skip
     torch.set_num_threads(1)
     import bagua
 
     bagua.init_process_group()
-    results = measure(args.layers, args.steps)
-    tensors = 2 * args.layers
-    print(f"{tensors} parameter tensors, {args.steps} steps, mean process CPU microseconds per phase")
-    print(f"{'variant':<8}" + "".join(f"{p:>11}" for p in PHASES) + f"{'total':>9}{'extra per tensor':>18}")
-    plain = sum(results["plain"].values())
-    for kind, phases in results.items():
-        total = sum(phases.values())
-        extra = "" if kind == "plain" else f"{(total - plain) / tensors:.2f} us"
-        print(f"{kind:<8}" + "".join(f"{phases[p]:>11.0f}" for p in PHASES) + f"{total:>9.0f}{extra:>18}")
-    ratio = (sum(results["bagua"].values()) - plain) / (sum(results["torch"].values()) - plain)
-    print(f"bagua's extra host time / torch DDP's: {ratio:.2f}x")
+    rounds: dict[int, list[dict]] = {n: [] for n in args.tensors}
+    for r in range(args.rounds):
+        for tensors in args.tensors:
+            results = measure(tensors // 2, args.steps)
+            extra = extra_per_tensor(results, tensors)
+            rounds[tensors].append({"phases_us": results, **extra})
+            print(f"round {r + 1}: {tensors} parameter tensors, {args.steps} steps, mean process CPU us per phase")
+            print(f"  {'variant':<8}" + "".join(f"{p:>11}" for p in PHASES) + f"{'total':>9}{'extra per tensor':>18}")
+            for kind, phases in results.items():
+                more = "" if kind == "plain" else f"{extra[kind]:.2f} us"
+                print(f"  {kind:<8}" + "".join(f"{phases[p]:>11.0f}" for p in PHASES)
+                      + f"{sum(phases.values()):>9.0f}{more:>18}")
+            print(f"  bagua's extra host time / torch DDP's: {extra['ratio']:.2f}x", flush=True)
+    summary = {n: {"median_ratio": statistics.median(x["ratio"] for x in rs),
+                   "median_extra_us": {k: statistics.median(x[k] for x in rs) for k in ("torch", "bagua")}}
+               for n, rs in rounds.items()}
+    for n, row in summary.items():
+        print(f"{n} tensors: bagua's extra / torch DDP's, median of {args.rounds}: {row['median_ratio']:.2f}x "
+              f"({row['median_extra_us']['bagua']:.2f} vs {row['median_extra_us']['torch']:.2f} us per tensor; "
+              f"target <= 0.5x)")
+    if args.out:
+        record = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{os.cpu_count()} CPUs, load "
+                  f"{os.getloadavg()[0]:.1f}", "torch": torch.__version__, "steps": args.steps,
+                  "rounds": {str(n): rs for n, rs in rounds.items()},
+                  "summary": {str(n): row for n, row in summary.items()}}
+        Path(args.out).write_text(json.dumps(record, indent=1))
     dist.destroy_process_group()
 
 

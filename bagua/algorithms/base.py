@@ -12,7 +12,8 @@ returned ``AlgorithmImpl`` through these hooks, in this order each step:
 ``on_wrapped(ddp)``                   once, when wrapping is complete (start background work)
 ``on_forward_pre(ddp)``               every training forward (train mode, grad enabled, outside
                                       ``no_sync()``), before the module runs
-``on_tensor_ready(ddp, name, param)`` every parameter whose gradient was just accumulated
+``on_tensor_ready(ddp, name, param)`` every parameter whose gradient was just accumulated (only
+                                      if overridden: else the wrapper readies whole buckets)
 ``on_backward_end(ddp)``              after backward, once the engine's ops finished
 ``on_optimizer_step_pre(ddp)``        before each wrapped optimizer's update; with
                                       ``step(closure)``, after the closure ran
@@ -155,8 +156,10 @@ class AlgorithmImpl:
         eval mode, under ``torch.no_grad()`` or inside ``ddp.no_sync()``)."""
 
     def on_tensor_ready(self, ddp: "DistributedDataParallel", name: str, param: torch.nn.Parameter) -> None:
-        """Called when backward has accumulated ``param.grad``. Default: mark its bucket slot
-        ready, so full buckets start communicating while backward goes on."""
+        """Called when backward has accumulated ``param.grad``, for an algorithm that overrides
+        it: the wrapper then takes its per-parameter path (``bagua.parallel.backward``). Not
+        overridden, it is never called: the wrapper marks each bucket ready as a whole when its
+        last gradient is accumulated, as this default does one tensor at a time."""
         if self.ready_on_backward(ddp):
             ddp.for_algorithms.mark_ready(name)
 

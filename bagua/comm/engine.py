@@ -133,9 +133,19 @@ class Engine:
         self._ready = [[False] * len(b) for b in self.buckets]
         self._missing = [len(b) for b in self.buckets]
         self._next = 0
+        self._marked = False
         self._futures: list[tuple[Bucket, concurrent.futures.Future]] = []
         self._in_flight = None  # the last launched bucket's collective, not yet finished
         self._enqueued: list[tuple[Bucket, object]] = []  # inline: each bucket's handle, or its error
+
+    @property
+    def marked(self) -> bool:
+        """Whether any tensor has been marked ready in the current step."""
+        return self._marked
+
+    def is_ready(self, bucket_index: int, tensor_index: int) -> bool:
+        """Whether tensor ``tensor_index`` of bucket ``bucket_index`` was marked ready this step."""
+        return self._ready[bucket_index][tensor_index]
 
     @property
     def launched(self) -> int:
@@ -160,9 +170,38 @@ class Engine:
                 )
             self._ready[bucket_index][tensor_index] = True
             self._missing[bucket_index] -= 1
-            while self._next < len(self.buckets) and self._missing[self._next] == 0:
-                self._launch(self.buckets[self._next])
-                self._next += 1
+            self._marked = True
+            self._launch_ready()
+
+    def mark_bucket_ready(self, bucket_index: int) -> None:
+        """Declare every tensor of bucket ``bucket_index`` ready at once (none of them may be yet)."""
+        with self._lock:
+            ready = self._ready[bucket_index]
+            if any(ready):
+                raise EngineError(
+                    f"bucket {self.buckets[bucket_index].name!r} was marked ready as a whole with tensors "
+                    f"{[i for i, ok in enumerate(ready) if ok]} already ready in this step"
+                )
+            self._ready[bucket_index] = [True] * len(ready)
+            self._missing[bucket_index] = 0
+            self._marked = True
+            self._launch_ready()
+
+    def mark_all_ready(self) -> None:
+        """Declare every tensor not yet ready ready now: every bucket launches, in order."""
+        with self._lock:
+            for b, ready in enumerate(self._ready):
+                if self._missing[b]:
+                    self._ready[b] = [True] * len(ready)
+                    self._missing[b] = 0
+            self._marked = True
+            self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        """Launch, in bucket order, every bucket from the next one on whose tensors are all ready."""
+        while self._next < len(self.buckets) and self._missing[self._next] == 0:
+            self._launch(self.buckets[self._next])
+            self._next += 1
 
     def _launch(self, bucket: Bucket) -> None:
         if self._next == 0:

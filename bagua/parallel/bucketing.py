@@ -18,6 +18,9 @@ Example::
 
 from __future__ import annotations
 
+import operator
+from collections import deque
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
@@ -28,6 +31,8 @@ from . import comm_hook
 
 if TYPE_CHECKING:
     from .ddp import DistributedDataParallel
+
+_GRAD = operator.attrgetter("grad")
 
 
 def build(ddp: "DistributedDataParallel", bucket_size_bytes: int) -> None:
@@ -102,6 +107,7 @@ def rebucket(ddp: "DistributedDataParallel", bucket_size_bytes: int) -> None:
 
 def _rebuild(ddp: "DistributedDataParallel", bucket_size_bytes: int) -> None:
     """``rebucket`` once its arguments and timing are checked."""
+    ddp._repair_gradients()  # gradients accumulated outside their views (no_sync()) carry over from them
     old = {id(b): (b, names) for b, names in zip(ddp.buckets, ddp._bucket_names)}
 
     def carry(per_bucket: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
@@ -124,6 +130,7 @@ def _rebuild(ddp: "DistributedDataParallel", bucket_size_bytes: int) -> None:
     build(ddp, bucket_size_bytes)
     ddp.bucket_size_bytes = bucket_size_bytes
     ddp.impl.on_rebucket(ddp, carry)
+    ddp._backward.attach()
     if ddp._comm_hook is not None:
         comm_hook.append_hook_ops(ddp)
 
@@ -136,7 +143,7 @@ def _check_bucket_size(value: object) -> None:
 def _check_between_steps(ddp: "DistributedDataParallel", what: str) -> None:
     if ddp._closed:
         raise RuntimeError(f"{what}: this bagua.DistributedDataParallel was closed")
-    if ddp.engine.launched or ddp._marked or ddp._callback_queued:
+    if ddp.engine.marked or ddp._callback_queued:
         raise RuntimeError(
             f"{what} runs between steps: a backward of this wrapper is still in progress; call it "
             f"before the next forward (after optimizer.step()), on every rank"
@@ -170,6 +177,48 @@ def preset_gradient_views(ddp: "DistributedDataParallel") -> list[str]:
     return preset
 
 
+def gradient_buckets(ddp: "DistributedDataParallel") -> list[tuple[Bucket, list[str], list[torch.Tensor]]]:
+    """``ddp``'s buckets of gradients (each view the gradient of its parameter; not an algorithm's
+    buckets of weights), with their parameters' names and the parameters."""
+    return [(bucket, names, [ddp._params[name] for name in names])
+            for bucket, names in zip(ddp.buckets, ddp._bucket_names)
+            if all(map(operator.is_, map(ddp._grad_view.get, names), bucket.views))]
+
+
+def gradients_in_place(buckets: list[tuple[Bucket, list[str], list[torch.Tensor]]]) -> list[str]:
+    """At the start of a synced backward that counts per bucket: make every gradient of
+    ``buckets`` (``gradient_buckets``) its bucket view, so autograd accumulates in place. A bucket whose
+    gradients all live there already costs one check; one whose gradients are all None (after
+    ``zero_grad()``) a zeroing of its flat buffer and the rebinding, both without Python per
+    parameter; a mixed one (accumulated outside, or assigned) copies what exists and zeroes the
+    rest. The names whose gradient was None (``restore_unreached`` gives them None back if
+    backward does not reach them).
+
+    Example::
+
+        preset = gradients_in_place(gradient_buckets(ddp))     # backward begins
+    """
+    preset: list[str] = []
+    for bucket, names, params in buckets:
+        views = bucket.views
+        grads = list(map(_GRAD, params))
+        if all(map(operator.is_, grads, repeat(None))):
+            bucket.flat.zero_()
+            deque(map(setattr, params, repeat("grad"), views), maxlen=0)  # p.grad = view, in C
+            preset += names
+            continue
+        if all(map(operator.is_, grads, views)):
+            continue
+        for name, p, grad, view in zip(names, params, grads, views):
+            if grad is None:
+                view.zero_()
+                p.grad = view
+                preset.append(name)
+            elif grad is not view:
+                gradient_into(p, view)
+    return preset
+
+
 def restore_unreached(ddp: "DistributedDataParallel", preset: list[str], unreached: set[str]) -> None:
     """Give the parameters in ``preset`` that ended in ``unreached`` their None gradient back."""
     for name in preset:
@@ -180,10 +229,12 @@ def restore_unreached(ddp: "DistributedDataParallel", preset: list[str], unreach
 def gradient_into(p: torch.Tensor, view: torch.Tensor) -> Optional[torch.Tensor]:
     """Make ``view`` (a bucket view or a fused optimizer's flat slot) ``p``'s gradient, copying
     ``p.grad`` (not None) into it unless it already lives there. Returns the gradient tensor it
-    replaced (None when ``p.grad`` already lived in ``view``)."""
+    replaced (None when ``p.grad`` already lived in ``view``). The view takes the values only
+    (after ``backward(create_graph=True)`` the gradient has a history; the view records none)."""
     grad = p.grad
     if grad.data_ptr() == view.data_ptr():
         return None
-    view.copy_(grad)
+    with torch.no_grad():
+        view.copy_(grad)
     p.grad = view
     return grad

@@ -33,10 +33,11 @@ from .. import comm
 from ..algorithms.base import Algorithm, AlgorithmImpl, resolve
 from ..algorithms.tunable import Tunable
 from ..optim.fused import gradient_home
-from . import algorithm_state, bucketing, comm_hook, join as _join, unused_parameters
+from . import algorithm_state, bucketing, comm_hook, join as _join
 from .bucketing import gradient_into
 from .compiled import bucketed_graphs, eager, eager_frame, run_module
 from .for_algorithms import ForAlgorithms
+from .backward import BackwardTracker
 from .autotune import AutotuneConfig, AutotuneResult, Tuner, resolve_autotune
 from .state_sync import BufferBroadcast, broadcast_tensors, check_same_model, sync_optimizer_states
 from .torch_options import DEFAULT_BUCKET_SIZE_BYTES, TorchOptions, resolve_process_group, torch_options
@@ -83,6 +84,20 @@ class DistributedDataParallel(torch.nn.Module):
 
         model = bagua.DistributedDataParallel(model, optimizers=[opt], algorithm="bytegrad")
     """
+
+    #: what a step assigns (a dozen times a step): plain attributes, set without nn.Module's
+    #: bookkeeping for parameters, modules and buffers, which costs ~1.5 us an assignment
+    _STEP_STATE = frozenset({
+        "step", "_sync_backward", "_callback_queued", "_buffers_sent", "_preset", "_in_forward", "_used",
+        "_step_start_bytes", "_bytes_sent_last_step", "parameters_used_last_step", "_produced_gradient",
+        "_require_sync",
+    })
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._STEP_STATE:
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
 
     def __init__(
         self,
@@ -161,7 +176,6 @@ class DistributedDataParallel(torch.nn.Module):
         self._require_sync = True   # False inside no_sync()
         self._sync_backward = False  # whether the running backward communicates (set by forward)
         self._buffers_sent = False  # whether this step's buffer broadcast has started
-        self._marked: set[str] = set()
         self._preset: list[str] = []  # gradients this backward made bucket views before it began
         self._used: set[str] = set()  # parameters that got a gradient since the last synced backward
         #: names of the parameters that got a gradient on this rank in the last synced step
@@ -173,7 +187,8 @@ class DistributedDataParallel(torch.nn.Module):
         self._comm_hook: Optional[tuple[Any, Callable]] = None  # (state, hook)
         self._closed = False
         self._in_forward = False
-        self._hooks = [p.register_post_accumulate_grad_hook(self._make_grad_hook(n)) for n, p in self.named_trainable_parameters]
+        self._backward = BackwardTracker(self)  # the gradient hooks: readiness per bucket
+        self._hooks = []
         for opt in self.optimizers:
             self._hooks.append(opt.register_step_pre_hook(step_pre_hook(lambda: self.impl.on_optimizer_step_pre(self))))
             self._hooks.append(opt.register_step_post_hook(lambda *_: self.impl.on_optimizer_step_post(self)))
@@ -265,6 +280,7 @@ class DistributedDataParallel(torch.nn.Module):
             return False  # evaluation: the module only, no step, no traffic
         if not self._require_sync:
             self._sync_backward = False  # inside no_sync(): backward accumulates locally
+            self._backward.forward_done(synced=False)
             return False
         self._begin_step()
         return True
@@ -301,7 +317,7 @@ class DistributedDataParallel(torch.nn.Module):
     def _begin_step(self) -> None:
         if self._closed:
             raise RuntimeError("this bagua.DistributedDataParallel was closed; wrap the module again to train it")
-        if self._marked or self._callback_queued or self.engine.launched:
+        if self.engine.marked or self._callback_queued:
             self.reset()  # the previous backward raised before it ended
         if self._tuner is not None:
             self._tuner.on_step_begin(self)
@@ -311,11 +327,13 @@ class DistributedDataParallel(torch.nn.Module):
         if self.step:
             self._bytes_sent_last_step = now - self._step_start_bytes
         self._step_start_bytes = now
-        self._repair_gradients()
+        if self._backward.reason is not None:  # (counting per bucket, backward's start moves them in)
+            self._repair_gradients()
         self.impl.on_forward_pre(self)
         self.step += 1
         self._sync_backward = True
         self._buffers_sent = False
+        self._backward.forward_done(synced=True)
 
     def _repair_gradients(self) -> None:
         """Put an assigned gradient (``p.grad = t``) back into its bucket view, or its fused
@@ -338,9 +356,11 @@ class DistributedDataParallel(torch.nn.Module):
 
     def _queue_end_of_backward(self, grad: Optional[torch.Tensor] = None) -> None:
         if not self._callback_queued and self._sync_backward:
+            if grad is not None and not self._backward.accumulates():
+                return  # torch.autograd.grad through the outputs: the step's backward comes later
             self._callback_queued = True
-            if grad is not None and not self.impl.keeps_produced_gradients(self):  # backward is beginning
-                self._preset = bucketing.preset_gradient_views(self)
+            if grad is not None:  # the outputs' hook: backward is beginning
+                self._preset = self._backward.backward_begins()
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
 
     def prepare_for_backward(self, outputs: Any) -> None:
@@ -362,64 +382,26 @@ class DistributedDataParallel(torch.nn.Module):
             return
         if not self._sync_backward and self.impl.ready_on_backward(self):
             self._sync_backward = True  # another backward in the same forward: it communicates too
+            self._backward.forward_done(synced=True)
         self._buffers_sent = False  # each backward ends with the buffers its forwards left on rank 0
         self._start_buffer_broadcast()
         self._watch_backward_start(outputs)
 
-    # --- backward -----------------------------------------------------------------------------
-    def _make_grad_hook(self, name: str) -> Callable[[torch.Tensor], None]:
-        def hook(param: torch.Tensor) -> None:  # per parameter and backward: kept lean
-            view = self._grad_view.get(name)
-            produced = None
-            if view is not None:  # a fresh gradient (after zero_grad(set_to_none=True)) moves into it
-                produced = gradient_into(param, view)
-            self._used.add(name)
-            if not self._sync_backward:
-                return  # inside no_sync(), or a backward of no training forward
-            if not self._callback_queued:
-                self._queue_end_of_backward()  # backward reached the parameter without the outputs
-            self._produced_gradient = produced  # for_algorithms.produced_gradient(), during the call only
-            try:
-                self.impl.on_tensor_ready(self, name, param)
-            finally:
-                self._produced_gradient = None
-
-        return hook
-
+    # --- backward (bagua.parallel.backward) --------------------------------------------------
     def _end_of_backward(self) -> None:
         self._callback_queued = False
         self._sync_backward = False
         try:
-            ready = self.impl.ready_on_backward(self)
-            averaged = ready and self.impl.averages_gradients(self)
-            unused = [n for n in self._slot if n not in self._marked] if ready else []
-            if unused and averaged and not self.find_unused_parameters:
-                bucketing.restore_unreached(self, self._preset, set(unused))
-                self._drain_engine()
-                raise RuntimeError(
-                    f"bagua.DistributedDataParallel: {len(unused)} parameter(s) got no gradient in this "
-                    f"step ({', '.join(unused[:5])}{', ...' if len(unused) > 5 else ''}); pass "
-                    f"find_unused_parameters=True if parts of the model are skipped on purpose"
-                )
-            if not averaged:  # the gradients stay this rank's own: what backward did not reach has none
-                bucketing.restore_unreached(self, self._preset, set(self._preset) - self._used)
-            for name in unused:  # averaged: they count as zero (or as what they accumulated) this step
-                if averaged:
-                    unused_parameters.contribute(self, name)
-                self.for_algorithms.mark_ready(name)
-            if self._marked:
-                self.engine.wait()
-            if self.find_unused_parameters and averaged:
-                unused_parameters.adopt_averaged_gradients(self, unused, self._preset)
+            self._backward.backward_ends(self._preset)
         finally:
-            self._marked.clear()
+            self._backward.disarm()
             self._preset = []
         self._finish_synced_step()
 
     def _finish_synced_step(self) -> None:
         """What ends every synced step after the buckets: buffers, then the algorithm's own end."""
         self.parameters_used_last_step = frozenset(self._used)
-        self._used.clear()
+        self._used = set()
         if self._join is not None:
             self._join.scale_gradients()
         if self._buffer_broadcast is not None:
@@ -431,8 +413,6 @@ class DistributedDataParallel(torch.nn.Module):
             self.engine.wait()
         except comm.EngineError:
             pass  # the error raised next names the cause; the engine is reset for the next step
-        finally:
-            self._marked.clear()
 
     def sync_buffers(self) -> None:
         """Make every rank's buffers the first rank's now (every rank calls it), e.g. after
@@ -469,9 +449,10 @@ class DistributedDataParallel(torch.nn.Module):
             self._buffer_broadcast.finish()
         self._callback_queued = False
         self._sync_backward = False
+        self._backward.disarm()
         bucketing.restore_unreached(self, self._preset, set(self._preset) - self._used)
         self._preset = []
-        self._used.clear()
+        self._used = set()
 
     # --- torch DDP's methods ----------------------------------------------------------------------
     @contextlib.contextmanager
@@ -584,6 +565,7 @@ class DistributedDataParallel(torch.nn.Module):
         if not synchronize:
             self.impl.on_exit(self)
         self.impl.close(self)
+        self._backward.detach()
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()

@@ -94,7 +94,6 @@ class ForAlgorithms:
                 ddp.for_algorithms.mark_ready(name)
         """
         ddp = self._ddp
-        ddp._marked.add(name)
         ddp.engine.mark_ready_at(*ddp._slot[name])
 
     def mark_all_ready(self) -> None:
@@ -106,9 +105,18 @@ class ForAlgorithms:
             def on_forward_pre(self, ddp):
                 ddp.for_algorithms.mark_all_ready()     # exchange weights while forward runs
         """
-        for name in self._ddp._slot:
-            if name not in self._ddp._marked:
-                self.mark_ready(name)
+        self._ddp.engine.mark_all_ready()
+
+    def mark_bucket_ready(self, bucket_index: int) -> None:
+        """Declare every tensor of bucket ``bucket_index`` (of ``ddp.buckets``) ready for this step
+        at once, none of them marked yet: what the wrapper does when backward has accumulated a
+        bucket's last gradient.
+
+        Example::
+
+            ddp.for_algorithms.mark_bucket_ready(0)
+        """
+        self._ddp.engine.mark_bucket_ready(bucket_index)
 
     def reset_operations(self) -> None:
         """Append every bucket's ops anew (``impl.init_operations``), between steps: for an
@@ -135,7 +143,4 @@ class ForAlgorithms:
                 ddp.for_algorithms.communicate_all()
         """
         self.mark_all_ready()
-        try:
-            self._ddp.engine.wait()
-        finally:
-            self._ddp._marked.clear()
+        self._ddp.engine.wait()

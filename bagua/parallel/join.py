@@ -86,12 +86,9 @@ class JoinState:
         ddp._buffers_sent = False
         ddp._start_buffer_broadcast()
         ddp.for_algorithms.mark_all_ready()
-        try:
-            ddp.engine.wait()
-            if ddp.find_unused_parameters:
-                unused_parameters.adopt_averaged_gradients(ddp, list(ddp._slot))
-        finally:
-            ddp._marked.clear()
+        ddp.engine.wait()
+        if ddp.find_unused_parameters:  # this rank used nothing: the others' use decides
+            unused_parameters.adopt_averaged_gradients(ddp, list(ddp._slot), [])
         ddp._finish_synced_step()
 
     def shadow_until_everyone_is_done(self) -> None:
