@@ -7,15 +7,19 @@ overhead. This measures it with the arithmetic taken away: a model of many tiny 
 (Linear(8, 8) layers, two tensors each), one rank on Gloo (no network), SGD, and each training
 step split into zero_grad / forward / backward / step, timed in process CPU time (all threads of
 the process, so a hand-off to a communication thread counts; a busy machine inflates it less
-than wall time). Variants run interleaved: the plain model, torch DDP, bagua
-``gradient_allreduce``. Printed per round and tensor count: the mean microseconds of each phase,
+than wall time). Variants take turns, ``--block`` steps each, so that noise falls on all three:
+the plain model, torch DDP, bagua ``gradient_allreduce``. A training loop runs one model, whose
+state stays in the caches; ``--block 1`` (a turn every step, as before 2026-11-29) makes every
+step start from the caches the other two models left, which costs the wrapper with the most
+state per tensor the most. Printed per round and tensor count: the mean microseconds of each phase,
 each wrapper's extra time per parameter tensor over the plain model, and bagua's extra over torch
 DDP's; then the median of the rounds. ``--out`` writes them as JSON.
 
 Target (issue 43): bagua's extra host time per whole training step at most 0.5x torch DDP's, at
 148 and at 1,000 parameter tensors.
 
-    python benchmarks/wrapper_overhead.py                    # 148 and 1,000 tensors, 3 rounds (~2 min)
+    python benchmarks/wrapper_overhead.py                    # 148 and 1,000 tensors, 3 rounds (~1 min)
+    python benchmarks/wrapper_overhead.py --block 1          # a turn every step
     python benchmarks/wrapper_overhead.py --tensors 148 --rounds 1 --steps 500
 """
 
@@ -47,8 +51,10 @@ def _model(layers: int) -> torch.nn.Module:
     return torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(layers)])
 
 
-def measure(layers: int, steps: int, warmup: int = 20) -> dict[str, dict[str, float]]:
-    """Mean process CPU microseconds per phase, per variant (plain, torch, bagua)."""
+def measure(layers: int, steps: int, block: int = 25, warmup: int = 20) -> dict[str, dict[str, float]]:
+    """Mean process CPU microseconds per phase, per variant (plain, torch, bagua): the variants take
+    turns, ``block`` whole steps each (1: a turn every step, which makes each step start from the
+    caches the other two models left)."""
     import bagua
 
     variants = {}
@@ -62,20 +68,21 @@ def measure(layers: int, steps: int, warmup: int = 20) -> dict[str, dict[str, fl
         variants[kind] = (model, opt)
     x = torch.randn(4, 8)
     spent = {kind: {phase: [] for phase in PHASES} for kind in variants}
-    for i in range(warmup + steps):
+    for turn in range(-(-(warmup + steps) // block)):
         for kind, (model, opt) in variants.items():
-            t0 = time.process_time()
-            opt.zero_grad()
-            t1 = time.process_time()
-            loss = model(x).sum()
-            t2 = time.process_time()
-            loss.backward()
-            t3 = time.process_time()
-            opt.step()
-            t4 = time.process_time()
-            if i >= warmup:
-                for phase, (a, b) in zip(PHASES, ((t0, t1), (t1, t2), (t2, t3), (t3, t4))):
-                    spent[kind][phase].append(1e6 * (b - a))
+            for i in range(turn * block, min((turn + 1) * block, warmup + steps)):
+                t0 = time.process_time()
+                opt.zero_grad()
+                t1 = time.process_time()
+                loss = model(x).sum()
+                t2 = time.process_time()
+                loss.backward()
+                t3 = time.process_time()
+                opt.step()
+                t4 = time.process_time()
+                if i >= warmup:
+                    for phase, (a, b) in zip(PHASES, ((t0, t1), (t1, t2), (t2, t3), (t3, t4))):
+                        spent[kind][phase].append(1e6 * (b - a))
     return {kind: {phase: statistics.mean(v) for phase, v in phases.items()} for kind, phases in spent.items()}
 
 
@@ -93,6 +100,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         help="parameter tensors (2 per Linear(8, 8) layer); default 148 (GPT-2 12x768's count) and 1000")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3, help="rounds, each timing every tensor count anew")
+    parser.add_argument("--block", type=int, default=25,
+                        help="steps a variant runs before the next takes its turn (default 25; 1: a turn every step)")
     parser.add_argument("--out", default=None, help="write the rounds and medians as JSON here")
     args = parser.parse_args(argv)
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
@@ -104,7 +113,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     rounds: dict[int, list[dict]] = {n: [] for n in args.tensors}
     for r in range(args.rounds):
         for tensors in args.tensors:
-            results = measure(tensors // 2, args.steps)
+            results = measure(tensors // 2, args.steps, args.block)
             extra = extra_per_tensor(results, tensors)
             rounds[tensors].append({"phases_us": results, **extra})
             print(f"round {r + 1}: {tensors} parameter tensors, {args.steps} steps, mean process CPU us per phase")
@@ -123,7 +132,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
               f"target <= 0.5x)")
     if args.out:
         record = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{os.cpu_count()} CPUs, load "
-                  f"{os.getloadavg()[0]:.1f}", "torch": torch.__version__, "steps": args.steps,
+                  f"{os.getloadavg()[0]:.1f}", "torch": torch.__version__, "steps": args.steps, "block": args.block,
                   "rounds": {str(n): rs for n, rs in rounds.items()},
                   "summary": {str(n): row for n, row in summary.items()}}
         Path(args.out).write_text(json.dumps(record, indent=1))

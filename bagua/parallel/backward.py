@@ -83,6 +83,7 @@ class BackwardTracker:
         self._left[:] = [DISARMED] * (outside + 1)
         self._all_names = frozenset(name for name, _ in ddp.named_trainable_parameters)
         self._gradient_buckets = bucketing.gradient_buckets(ddp)
+        self._several_devices = len({bucket.device for bucket in ddp.buckets}) > 1
         # held, so that each parameter keeps the same node (torch DDP holds them too): asked which
         # ones a backward will run when a bucket's count does not reach zero
         self._accumulators = {name: _accumulator(ddp._params[name]) for name in ddp._slot}
@@ -129,13 +130,14 @@ class BackwardTracker:
             return False
 
     def backward_begins(self) -> list[str]:
-        """The outputs' hook of a synced backward: count per bucket when nothing needs each
-        parameter, with every gradient in its bucket. The names whose gradient was None."""
+        """The outputs' hook of a synced backward: every gradient into its bucket view, and a count
+        per bucket when nothing needs each parameter. The names whose gradient was None."""
         ddp = self._ddp
-        if self.reason is not None or torch.is_grad_enabled() or ddp.impl.keeps_produced_gradients(ddp):
-            # per parameter (create_graph: autograd replaces each gradient instead of adding in place)
-            return [] if ddp.impl.keeps_produced_gradients(ddp) else bucketing.preset_gradient_views(ddp)
+        if ddp.impl.keeps_produced_gradients(ddp) or self._several_devices:
+            return []  # each gradient made afresh (the algorithm keeps it), or a thread per device
         preset = bucketing.gradients_in_place(self._gradient_buckets)
+        if self.reason is not None or torch.is_grad_enabled():
+            return preset  # per parameter (create_graph: autograd replaces gradients, not adds in place)
         self._left[:-1] = self._sizes
         self._left[-1] = DISARMED
         self._counting = True

@@ -150,33 +150,6 @@ def _check_between_steps(ddp: "DistributedDataParallel", what: str) -> None:
         )
 
 
-def preset_gradient_views(ddp: "DistributedDataParallel") -> list[str]:
-    """At the start of a synced backward: in each bucket of gradients whose parameters all have
-    no gradient (after ``zero_grad()``), zero the flat buffer once and make each view its
-    parameter's ``.grad``, so that autograd accumulates straight into the bucket (no fresh
-    gradient to allocate, copy and rebind per parameter). The names preset; a parameter that then
-    gets no gradient is given None back (``restore_unreached``).
-
-    Example::
-
-        preset = preset_gradient_views(ddp)     # backward begins
-    """
-    preset: list[str] = []
-    if len({bucket.device for bucket in ddp.buckets}) > 1:
-        return preset  # one autograd thread per device: they could race on a .grad being set here
-    for bucket, names in zip(ddp.buckets, ddp._bucket_names):
-        params = [ddp._params[name] for name in names]
-        if any(p.grad is not None for p in params):
-            continue  # some gradients exist already (accumulation): the hooks move them in
-        if any(ddp._grad_view.get(name) is not view for name, view in zip(names, bucket.views)):
-            continue  # not a bucket of gradients (an algorithm that communicates weights)
-        bucket.flat.zero_()
-        for p, view in zip(params, bucket.views):
-            p.grad = view
-        preset += names
-    return preset
-
-
 def gradient_buckets(ddp: "DistributedDataParallel") -> list[tuple[Bucket, list[str], list[torch.Tensor]]]:
     """``ddp``'s buckets of gradients (each view the gradient of its parameter; not an algorithm's
     buckets of weights), with their parameters' names and the parameters."""
@@ -186,8 +159,8 @@ def gradient_buckets(ddp: "DistributedDataParallel") -> list[tuple[Bucket, list[
 
 
 def gradients_in_place(buckets: list[tuple[Bucket, list[str], list[torch.Tensor]]]) -> list[str]:
-    """At the start of a synced backward that counts per bucket: make every gradient of
-    ``buckets`` (``gradient_buckets``) its bucket view, so autograd accumulates in place. A bucket whose
+    """At the start of a synced backward: make every gradient of ``buckets``
+    (``gradient_buckets``) its bucket view, so autograd accumulates in place. A bucket whose
     gradients all live there already costs one check; one whose gradients are all None (after
     ``zero_grad()``) a zeroing of its flat buffer and the rebinding, both without Python per
     parameter; a mixed one (accumulated outside, or assigned) copies what exists and zeroes the
