@@ -138,8 +138,7 @@ class AsyncModelAverageImpl(AlgorithmImpl):
         with self._cond:
             if not self._averaging or self._state != _IDLE or time.monotonic() < self._next_round_at:
                 return
-        for view, p in zip(self._snapshot_views, self._params):
-            view.copy_(p)
+        torch._foreach_copy_(self._snapshot_views, self._params)  # one call, not a Python step per tensor
         if self._snapshot.is_cuda:  # the loop waits for the copies before reading the snapshot
             self._snapshot_taken = torch.cuda.Event()
             self._snapshot_taken.record()
@@ -153,8 +152,7 @@ class AsyncModelAverageImpl(AlgorithmImpl):
         with self._cond:
             if self._state != _DELTA:
                 return
-        for p, view in zip(self._params, self._delta_views):
-            p.add_(view)
+        torch._foreach_add_(self._params, self._delta_views)
         with self._cond:
             self._state = _IDLE
 
@@ -237,11 +235,9 @@ class AsyncModelAverageImpl(AlgorithmImpl):
         self._stop()
         self._apply_delta()
         self._state = _IDLE  # a snapshot offered but not averaged is only a copy of the weights
-        for view, p in zip(self._snapshot_views, self._params):
-            view.copy_(p)
+        torch._foreach_copy_(self._snapshot_views, self._params)
         allreduce(self._snapshot, op=ReduceOp.AVG, group=self.group)
-        for p, view in zip(self._params, self._snapshot_views):
-            p.copy_(view)
+        torch._foreach_copy_(self._params, self._snapshot_views)
 
     # --- checkpoints --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
