@@ -20,6 +20,7 @@ Target (issue 43): bagua's extra host time per whole training step at most 0.5x 
 
     python benchmarks/wrapper_overhead.py                    # 148 and 1,000 tensors, 3 rounds (~1 min)
     python benchmarks/wrapper_overhead.py --block 1          # a turn every step
+    python benchmarks/wrapper_overhead.py --floor            # also the least a hook and in-place views cost
     python benchmarks/wrapper_overhead.py --tensors 148 --rounds 1 --steps 500
 """
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import operator
 import os
 import socket
 import statistics
@@ -86,6 +88,59 @@ def measure(layers: int, steps: int, block: int = 25, warmup: int = 20) -> dict[
     return {kind: {phase: statistics.mean(v) for phase, v in phases.items()} for kind, phases in spent.items()}
 
 
+FLOOR_WAYS = ("hook", "zeroed views", "views and hook", "copy after")
+
+
+def floor(tensors: int, steps: int, block: int = 25, warmup: int = 20) -> dict[str, float]:
+    """What readiness per bucket costs per tensor at the least, on the bare model's backward (us
+    per tensor over a plain backward, whose gradients autograd makes afresh): a Python hook that
+    only decrements a count ("hook"); accumulating into zeroed views of one flat buffer, rebound
+    before backward ("zeroed views"); both, the wrapper's way; or a copy of the fresh gradients
+    into the buffer after backward and the rebinding ("copy after", torch DDP's copy in)."""
+    from collections import deque
+    from itertools import repeat
+
+    grad = operator.attrgetter("grad")
+    setups = {}
+    for way in ("plain", *FLOOR_WAYS):
+        model = _model(tensors // 2)
+        params = list(model.parameters())
+        flat = torch.zeros(sum(q.numel() for q in params))
+        views = list(torch.split(flat, [q.numel() for q in params]))
+        views = [v.view_as(q) for v, q in zip(views, params)]
+        if "hook" in way:
+            left = [1 << 62]
+
+            def count(_param, left=left):
+                left[0] -= 1
+                if not left[0]:
+                    pass
+
+            for q in params:
+                q.register_post_accumulate_grad_hook(count)
+        setups[way] = (model, params, flat, views)
+    x = torch.randn(4, 8)
+    spent: dict[str, list[float]] = {way: [] for way in setups}
+    for turn in range(-(-(warmup + steps) // block)):
+        for way, (model, params, flat, views) in setups.items():
+            for i in range(turn * block, min((turn + 1) * block, warmup + steps)):
+                for q in params:
+                    q.grad = None
+                loss = model(x).sum()
+                t0 = time.process_time()
+                if "views" in way:
+                    flat.zero_()
+                    deque(map(setattr, params, repeat("grad"), views), maxlen=0)
+                loss.backward()
+                if way == "copy after":
+                    torch._foreach_copy_(views, list(map(grad, params)))
+                    deque(map(setattr, params, repeat("grad"), views), maxlen=0)
+                if i >= warmup:
+                    spent[way].append(1e6 * (time.process_time() - t0))
+    plain = statistics.mean(spent["plain"])
+    return {way: (statistics.mean(spent[way]) - plain) / tensors for way in FLOOR_WAYS}
+
+
 def extra_per_tensor(results: dict[str, dict[str, float]], tensors: int) -> dict[str, float]:
     """Each wrapper's extra microseconds per parameter tensor over the plain model, and bagua's
     extra over torch DDP's (``ratio``)."""
@@ -103,6 +158,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--block", type=int, default=25,
                         help="steps a variant runs before the next takes its turn (default 25; 1: a turn every step)")
     parser.add_argument("--out", default=None, help="write the rounds and medians as JSON here")
+    parser.add_argument("--floor", action="store_true",
+                        help="also time what readiness per bucket costs at the least, on the bare model (floor())")
     args = parser.parse_args(argv)
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))  # fmt: skip
@@ -130,11 +187,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         print(f"{n} tensors: bagua's extra / torch DDP's, median of {args.rounds}: {row['median_ratio']:.2f}x "
               f"({row['median_extra_us']['bagua']:.2f} vs {row['median_extra_us']['torch']:.2f} us per tensor; "
               f"target <= 0.5x)")
+    floors = {}
+    if args.floor:
+        for tensors in args.tensors:
+            floors[str(tensors)] = floor(tensors, args.steps, args.block)
+            print(f"{tensors} tensors, the bare model's backward, us per tensor: "
+                  + ", ".join(f"{way} {us:+.2f}" for way, us in floors[str(tensors)].items()), flush=True)
     if args.out:
         record = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{os.cpu_count()} CPUs, load "
                   f"{os.getloadavg()[0]:.1f}", "torch": torch.__version__, "steps": args.steps, "block": args.block,
                   "rounds": {str(n): rs for n, rs in rounds.items()},
-                  "summary": {str(n): row for n, row in summary.items()}}
+                  "summary": {str(n): row for n, row in summary.items()}, "floor_us_per_tensor": floors}
         Path(args.out).write_text(json.dumps(record, indent=1))
     dist.destroy_process_group()
 
