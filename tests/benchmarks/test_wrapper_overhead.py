@@ -1,0 +1,27 @@
+"""benchmarks/wrapper_overhead.py: the ratio it reports and the floor it times."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import wrapper_overhead  # noqa: E402
+
+
+def test_the_extra_per_tensor_and_the_ratio_are_over_the_bare_model():
+    phases = {"plain": {"zero_grad": 10.0, "forward": 100.0, "backward": 200.0, "step": 50.0},
+              "torch": {"zero_grad": 10.0, "forward": 110.0, "backward": 290.0, "step": 50.0},
+              "bagua": {"zero_grad": 5.0, "forward": 105.0, "backward": 250.0, "step": 50.0}}
+    extra = wrapper_overhead.extra_per_tensor(phases, 10)
+    assert extra["torch"] == pytest.approx(10.0) and extra["bagua"] == pytest.approx(5.0)
+    assert extra["ratio"] == pytest.approx(0.5)
+
+
+def test_the_floor_times_every_way_against_a_plain_backward():
+    floors = wrapper_overhead.floor(tensors=8, steps=4, block=2, warmup=1)
+    assert set(floors) == set(wrapper_overhead.FLOOR_WAYS)
+    assert all(math.isfinite(us) for us in floors.values())
