@@ -115,3 +115,40 @@ def test_what_the_fingerprint_sees():
                        "transform=tests.data._fingerprint_samples.Shift")
     with pytest.raises(TypeError, match="version must be a str, got int 2"):
         dataset_fingerprint(numbers_with("x1"), version=2)
+
+
+def _module_with(tmp_path, name: str, body: str):
+    """A module ``name`` written to ``tmp_path`` and imported: the same names, another source."""
+    import importlib.util
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(body))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_an_edited_source_another_length_or_target_transform_is_another_fingerprint(tmp_path):
+    """What the fingerprint reads, changed one at a time where nothing else tells them apart: the
+    body of a function of the same name and module, the dataset's length, its target_transform."""
+    from tests.data._fingerprint_samples import Numbers
+
+    edits = [_module_with(tmp_path / d, "augment", f"""
+        def augment(i):
+            return i {op} 1
+        """) for d, op in (("a", "+"), ("b", "-"))]
+    first, second = (Numbers(20, m.augment) for m in edits)
+    assert dataset_fingerprint(first).summary == dataset_fingerprint(second).summary  # same names
+    assert dataset_fingerprint(first).digest != dataset_fingerprint(second).digest  # other source
+
+    assert dataset_fingerprint(Numbers(20, abs)).digest != dataset_fingerprint(Numbers(21, abs)).digest
+
+    def with_target(target_transform):
+        ds = Numbers(20, abs)
+        ds.target_transform = target_transform
+        return dataset_fingerprint(ds).digest
+
+    assert len({with_target(None), with_target(numbers_with("x1").transform),
+                with_target(numbers_with("shift2").transform)}) == 3
