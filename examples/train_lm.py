@@ -55,41 +55,44 @@ BASELINE_FP16 = "torch-ddp-fp16"  # the same with torch's fp16 compression hook 
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--algorithm", choices=ALGORITHMS + (BASELINE, BASELINE_FP16), default="gradient_allreduce",
                         help=f"how ranks communicate; {BASELINE}: torch's DistributedDataParallel, the baseline; "
                              f"{BASELINE_FP16}: the same with torch's fp16_compress_hook")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="an option of the algorithm (repeatable), e.g. --option warmup_steps=100; "
                              "the value is read as a Python literal (a number, True, a string)")
-    parser.add_argument("--steps", type=int, default=1000, help="optimizer steps (default 1000)")
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--width", type=int, default=256, help="embedding width (default 256: ~6.4M parameters with 8 layers)")
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=1000, help="optimizer steps")
+    parser.add_argument("--layers", type=int, default=8, help="transformer blocks")
+    parser.add_argument("--width", type=int, default=256, help="embedding width (256 with 8 layers: ~6.4M parameters)")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads")
+    parser.add_argument("--context", type=int, default=256, help="tokens (bytes) a document is cut to")
     parser.add_argument("--batch-size", type=int, default=16,
                         help="documents per rank and step; with the balanced sampler, the token budget is batch-size x (context + 1)")
-    parser.add_argument("--sampler", choices=("balanced", "torch"), default="balanced")
-    parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-3)")
+    parser.add_argument("--sampler", choices=("balanced", "torch"), default="balanced",
+                        help="balanced: bagua's batches of similar lengths and equal work per rank; torch: DistributedSampler")
+    parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
     parser.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw",
-                        help="adamw (default; qadam: QAdamOptimizer) or SGD with momentum 0.9 (to tell an "
+                        help="adamw (qadam: QAdamOptimizer) or SGD with momentum 0.9 (to tell an "
                              "algorithm's effect on Adam's moments from its own)")
-    parser.add_argument("--warmup-steps", type=int, default=50)
+    parser.add_argument("--warmup-steps", type=int, default=50, help="steps of the learning rate's linear warm-up")
     parser.add_argument("--schedule-steps", type=int, default=None,
-                        help="the cosine decay ends here, then the rate stays at a tenth of the peak (default --steps)")
+                        help="the cosine decay ends here, then the rate stays at a tenth of the peak (None: --steps)")
     parser.add_argument("--lr-schedule", choices=("cosine", "constant"), default="cosine",
-                        help="after the linear warm-up: cosine decay to a tenth of the peak (default), or the peak throughout")
-    parser.add_argument("--eval-every", type=int, default=100)
+                        help="after the linear warm-up: cosine decay to a tenth of the peak, or the peak throughout")
+    parser.add_argument("--eval-every", type=int, default=100, help="steps between validation losses")
     parser.add_argument("--val-docs", type=int, default=512, help="held-out documents per evaluation")
-    parser.add_argument("--max-files", type=int, default=None, help="use this many corpus files (quick runs)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), f"bagua-lm-cache-{os.getuid()}"))
+    parser.add_argument("--max-files", type=int, default=None, help="use this many corpus files (quick runs; None: all)")
+    parser.add_argument("--seed", type=int, default=0, help="the model's initialization and the data's order")
+    parser.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), f"bagua-lm-cache-{os.getuid()}"),
+                        help="the LMDB cache of the training documents, kept across runs")
     parser.add_argument("--no-fuse", action="store_true", help="keep the optimizer unfused")
     parser.add_argument("--out-dir", default="lm_run", help="where the curve (CSV) and the plot go")
     parser.add_argument("--plot", action="store_true", help="write lm_loss.png: validation loss against wall time")
     parser.add_argument("--lightning", action="store_true", help="train through Lightning's Trainer with BaguaStrategy")
     parser.add_argument("--devices", type=int, default=1, help="--lightning without torchrun: ranks Lightning launches")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     for name in ("steps", "layers", "width", "heads", "context", "batch_size", "eval_every", "val_docs"):
         if getattr(args, name) < 1:
@@ -167,7 +170,7 @@ def make_optimizer(args: argparse.Namespace, model: torch.nn.Module) -> torch.op
     """AdamW (qadam: ``QAdamOptimizer`` with the same betas and decoupled weight decay, its own
     options of ``--option`` applied) or, with ``--optimizer sgd``, SGD with momentum; fused unless
     ``--no-fuse``."""
-    lr = args.lr or 1e-3
+    lr = args.lr
     if args.algorithm in ("qadam", "qadam1"):
         options = {"warmup_steps": max(1, args.warmup_steps), "betas": BETAS, "weight_decay": WEIGHT_DECAY,
                    "decoupled_weight_decay": True, **optimizer_options(args.options)}
