@@ -27,9 +27,10 @@ parameter without a gradient this step, ``add_param_group``) is detected at each
 the affected tensors are copied back into their buffer (or updated on their own when that is not
 possible), so results stay those of the unfused optimizer; ``check_flatten`` warns once per kind.
 
-Only optimizers whose update is element-wise given per-parameter scalars can be fused; those that
-use per-tensor norms or factored / matrix state (LAMB, LARS, Adafactor, Muon, Shampoo, ...) are
-refused with an error.
+Only optimizers whose update is element-wise given per-parameter scalars can be fused. Refused
+with an error: torch's LBFGS (one global history), SparseAdam (sparse gradients), Adafactor and
+Muon (per-tensor factored state, per-matrix orthogonalization), and any optimizer whose class name
+says per-tensor norms or matrix state (LAMB, LARS, NovoGrad, Shampoo, SM3, GaLore, CAME, LOMO).
 """
 
 from __future__ import annotations
