@@ -59,7 +59,14 @@ class CachedDataset(torch.utils.data.Dataset):
             every writer of the cache is trusted. Default: samples made of arrays, tensors,
             numbers, strings, bytes and lists/tuples/dicts of them; a value naming anything
             else raises :class:`~bagua.data.serialization.UntrustedValueError` naming it.
-        **store_kwargs: options of the store (``path``, ``capacity_bytes``, ``hosts``...).
+        **store_kwargs: the options of the backend's store. ``"lmdb"``
+            (:class:`~bagua.data.stores.lmdb_store.LmdbStore`): ``path``, the cache directory
+            (default ``$BAGUA_CACHE_DIR/lmdb``, else ``~/.cache/bagua/lmdb``), and
+            ``capacity_bytes``, the most it holds. ``"redis"``
+            (:class:`~bagua.data.stores.redis_store.RedisStore`): ``hosts`` (None: a local
+            server, started if needed), ``cluster_mode``, ``capacity_per_node``,
+            ``socket_timeout``, ``retry_interval``, and ``redis.Redis`` options such as
+            ``password``. An option the store does not take is a ``TypeError`` naming it.
 
     Attributes:
         cache_loader: the :class:`CacheLoader` doing the work.
