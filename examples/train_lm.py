@@ -16,10 +16,18 @@ tokenizer, no weights), and the whole toolkit as a user would adopt it:
     torchrun --standalone --nproc-per-node 2 examples/train_lm.py --algorithm bytegrad --plot
     python examples/train_lm.py --lightning --devices 2 --steps 100
 
-It shows a progress bar with tokens/s, the validation loss and perplexity every
-``--eval-every`` steps with the bytes each step sent, a final line with the validation loss and
-the wall time, and with ``--plot`` a loss-versus-time plot in ``--out-dir`` (beside the curve's
-CSV). Validation runs on a fixed set of held-out documents split across ranks; for algorithms that
+It shows a progress bar with tokens/s (on a terminal), every ``--eval-every`` steps the last
+training batch's loss (rank 0's batch, with dropout: noisier and higher than the validation loss),
+the validation loss and perplexity, and the bytes each step sent with what they would take on a
+100 Mbit/s link; then a final line with the validation loss and the training time, and how it
+compares with the other runs in ``--out-dir``. Each run writes ``lm_curve_<algorithm>.csv`` there,
+and ``--plot`` draws every run's curve found there in ``lm_loss.png``: run two algorithms into
+one directory to see them side by side.
+
+On one machine, compression (``--algorithm bytegrad``) trains slower than ``gradient_allreduce``:
+loopback moves bytes for free and the codec costs CPU. Its gain is in the bytes: the evaluation
+lines show them and their time on a 100 Mbit/s link; ``benchmarks/netns.py`` (root) runs the
+example on emulated machines behind such a link. Validation runs on a fixed set of held-out documents split across ranks; for algorithms that
 leave replicas apart (decentralized, low_precision_decentralized, async) every evaluation is of the
 replicas' average (what stopping the run there would give), the replicas themselves kept.
 """
@@ -52,6 +60,8 @@ ALGORITHMS = ("gradient_allreduce", "bytegrad", "decentralized", "low_precision_
               "qadam1", "onebit_grad")  # qadam1: qadam with a 1-bit momentum (bits=1)
 BASELINE = "torch-ddp"  # torch.nn.parallel.DistributedDataParallel on the same loop, to compare with
 BASELINE_FP16 = "torch-ddp-fp16"  # the same with torch's fp16 compression hook (a torch user's no-install option)
+SLOW_LINK_BIT_S = 100e6  # what the bytes a step sent would take on a 100 Mbit/s link, in the evaluation lines
+CURVE_COLUMNS = ["step", "train_seconds", "tokens", "train_loss", "val_loss"]  # train_loss: the last batch's
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -284,7 +294,9 @@ def train(args: argparse.Namespace, log=print) -> dict:
     sent_before = bagua.comm.bytes_sent()  # what this rank's bagua communication sent (not torch DDP's)
     step_times: list[float] = []  # seconds of each step, data loading included
     eval_time = 0.0  # evaluations pause the clock: the curve is against training time
-    bar = tqdm(total=args.steps, desc="train", disable=bool(rank) or args.no_progress, unit="step")
+    # on a terminal only: written to a file, the bar's redraws would be glued to the log's lines
+    bar = tqdm(total=args.steps, desc="train", unit="step",
+               disable=bool(rank) or args.no_progress or not sys.stderr.isatty())
     while step < args.steps:
         epoch_setter.set_epoch(epoch)
         step_start = time.perf_counter()
@@ -305,8 +317,10 @@ def train(args: argparse.Namespace, log=print) -> dict:
                 seen = torch.tensor([tokens, padded], dtype=torch.float64)
                 bagua.comm.allreduce(seen, op=bagua.comm.ReduceOp.SUM)
                 curve.append((step, elapsed, int(seen[0]), loss.item(), val))
-                sent = f"{ddp.bytes_sent_last_step / 1e6:.2f} MB/step" if algorithm else "n/a (torch DDP)"
-                log(f"step {step:5d}  train loss {loss.item():.4f}  val loss {val:.4f}  ppl {perplexity(val):.1f}  "
+                per_step = ddp.bytes_sent_last_step if algorithm else None
+                sent = (f"{per_step / 1e6:.2f} MB/step ({8 * per_step / SLOW_LINK_BIT_S:.2f} s at 100 Mbit/s)"
+                        if per_step is not None else "n/a (torch DDP)")
+                log(f"step {step:5d}  batch loss {loss.item():.4f}  val loss {val:.4f}  ppl {perplexity(val):.1f}  "
                     f"{seen[0] / elapsed:.0f} tokens/s  padding {seen[1] / seen.sum():.1%}  sent {sent}")  # fmt: skip
                 eval_time += time.perf_counter() - t0
             if step == args.steps:
@@ -329,27 +343,51 @@ def train(args: argparse.Namespace, log=print) -> dict:
             "identical_after_training": identical, "parameters": params, "bytes_per_step": bytes_per_step}
 
 
-def write_outputs(args: argparse.Namespace, result: dict) -> None:
-    """The curve as CSV and, with ``--plot``, validation loss against wall time (rank 0)."""
+def write_outputs(args: argparse.Namespace, result: dict, log=print) -> dict[str, list[dict]]:
+    """This run's curve as ``lm_curve_<algorithm>.csv`` in ``--out-dir`` (rank 0), saying so when
+    it replaces an earlier run's; with ``--plot`` every curve there in ``lm_loss.png``. Returns
+    every run's curve found there, by algorithm (this one's included)."""
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "lm_curve.csv", "w", newline="") as f:
+    path = out / f"lm_curve_{args.algorithm}.csv"
+    if path.exists():
+        log(f"replacing the earlier {args.algorithm} run's curve in {path}")
+    with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["step", "train_seconds", "tokens", "train_loss", "val_loss"])
+        w.writerow(CURVE_COLUMNS)
         w.writerows(result["curve"])
+    runs = {p.stem.removeprefix("lm_curve_"): list(csv.DictReader(open(p))) for p in sorted(out.glob("lm_curve_*.csv"))}
     if args.plot:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        _, secs, _, _, vals = zip(*result["curve"])
         fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot(secs, vals, marker="o", label=args.algorithm)
+        for name, rows in runs.items():
+            ax.plot([float(r["train_seconds"]) for r in rows], [float(r["val_loss"]) for r in rows], marker="o",
+                    label=name, linewidth=2.5 if name == args.algorithm else 1.2)
         ax.set(xlabel="training time (s)", ylabel="validation loss (nats/byte)", title="stdlib byte LM")
         ax.legend()
         fig.tight_layout()
         fig.savefig(out / "lm_loss.png", dpi=120)
+        log(f"plotted {', '.join(runs)} in {out / 'lm_loss.png'}")
+    return runs
+
+
+def compared(algorithm: str, runs: dict[str, list[dict]]) -> list[str]:
+    """One line per other run in the directory: its last validation loss and training time beside
+    this run's (the last row of each curve).
+
+    Example::
+
+        compared("bytegrad", {"bytegrad": rows, "torch-ddp": other_rows})
+        # ["vs torch-ddp: val loss 1.9811 after 58.0 s (this run: 1.9756 after 72.3 s)"]
+    """
+    mine = runs[algorithm][-1]
+    return [f"vs {name}: val loss {float(rows[-1]['val_loss']):.4f} after {float(rows[-1]['train_seconds']):.1f} s "
+            f"(this run: {float(mine['val_loss']):.4f} after {float(mine['train_seconds']):.1f} s)"
+            for name, rows in runs.items() if name != algorithm and rows]
 
 
 def main(argv=None) -> None:
@@ -365,10 +403,11 @@ def main(argv=None) -> None:
     result = train(args, log)
     if not result["identical_after_training"]:
         log("replicas differed after training (as this algorithm allows); the final loss is their average's")
-    if rank == 0:
-        write_outputs(args, result)
+    runs = write_outputs(args, result, log) if rank == 0 else {}
     log(f"final: validation loss {result['final_val_loss']:.4f} (ppl {perplexity(result['final_val_loss']):.2f}) "
         f"after {args.steps} steps, {result['tokens']} tokens, {result['wall_s']:.1f} s of training")
+    for line in compared(args.algorithm, runs) if runs else ():
+        log(line)
     bagua.destroy_process_group()
 
 

@@ -20,7 +20,8 @@ from torch.utils.data import DataLoader
 import bagua
 from bagua.lightning import BaguaStrategy
 from stdlib_corpus import pad_batch
-from train_lm import batch_sampler, build_model, datasets, make_optimizer, schedule, token_loss, validation_loss, write_outputs
+from train_lm import (batch_sampler, build_model, compared, datasets, make_optimizer, schedule, token_loss,
+                      validation_loss, write_outputs)
 
 
 class ByteLM(pl.LightningModule):
@@ -84,7 +85,9 @@ def fit(args) -> None:
     trainer.fit(module)
     final = module.curve[-1]
     if trainer.is_global_zero:
-        write_outputs(args, {"curve": module.curve})
+        runs = write_outputs(args, {"curve": module.curve})
         print(f"final: validation loss {final[4]:.4f} (ppl {math.exp(final[4]):.2f}) after {final[0]} steps, "
               f"{final[2]} tokens, {final[1]:.1f} s of training (world size {trainer.world_size}, "
               f"algorithm {args.algorithm}, Lightning)", flush=True)
+        for line in compared(args.algorithm, runs):
+            print(line, flush=True)

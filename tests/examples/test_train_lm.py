@@ -78,12 +78,29 @@ def _run(cmd: list[str], tmp_path: Path) -> tuple[float, str]:
 def test_two_ranks_learn_the_language(tmp_path):
     loss, output = _run([str(TORCHRUN), "--standalone", "--nproc-per-node=2", str(EXAMPLE), "--algorithm", "bytegrad"], tmp_path)
     assert loss < LEARNED, output[-3000:]
-    rows = list(csv.DictReader(open(tmp_path / "run" / "lm_curve.csv")))
+    rows = list(csv.DictReader(open(tmp_path / "run" / "lm_curve_bytegrad.csv")))
     assert [int(r["step"]) for r in rows] == [0, 30, 60]
     assert float(rows[0]["val_loss"]) > 5.0 > float(rows[-1]["val_loss"])
     sent = [float(mb) for mb in re.findall(r"tokens/s  padding \d+\.\d%  sent (\d+\.\d\d) MB/step", output)]
     assert len(sent) == 2 and min(sent) > 0, output[-3000:]  # each evaluation's line: bytegrad averaged
     assert "replicas differed" not in output, output[-3000:]
+
+
+def test_runs_into_one_directory_are_kept_plotted_together_and_compared(tmp_path):
+    import argparse
+
+    import train_lm
+
+    log: list[str] = []
+    for algorithm, val in (("torch-ddp", 2.0), ("bytegrad", 1.9), ("bytegrad", 1.8)):
+        args = argparse.Namespace(out_dir=str(tmp_path), algorithm=algorithm, plot=True)
+        runs = train_lm.write_outputs(args, {"curve": [(0, 0.0, 0, float("nan"), 5.0), (10, 3.5, 640, 2.4, val)]},
+                                      log.append)
+    assert sorted(runs) == ["bytegrad", "torch-ddp"] and (tmp_path / "lm_loss.png").stat().st_size > 0
+    assert any("replacing the earlier bytegrad run's curve" in line for line in log)  # said, not silent
+    assert float(runs["bytegrad"][-1]["val_loss"]) == 1.8  # the second bytegrad run's
+    assert train_lm.compared("bytegrad", runs) == [
+        "vs torch-ddp: val loss 2.0000 after 3.5 s (this run: 1.8000 after 3.5 s)"]
 
 
 def test_two_ranks_learn_through_lightning(tmp_path):
