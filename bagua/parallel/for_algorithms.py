@@ -68,6 +68,18 @@ class ForAlgorithms:
         """
         return self._ddp._params[name]
 
+    @property
+    def per_parameter_reason(self) -> Optional[str]:
+        """Why this wrapper readies its buckets one parameter at a time (calling ``on_tensor_ready``
+        for each), or None: per bucket, each bucket ready once its last gradient is accumulated
+        (``bagua.parallel.backward``).
+
+        Example::
+
+            ddp.for_algorithms.per_parameter_reason   # "QAdamImpl acts on each tensor as it becomes ready ..."
+        """
+        return self._ddp._backward.reason
+
     def produced_gradient(self) -> Optional[torch.Tensor]:
         """Inside ``on_tensor_ready``: the gradient tensor backward has just produced for that
         parameter, which the wrapper then copied into the parameter's bucket view (its ``.grad``

@@ -115,7 +115,7 @@ def _job(rank: int) -> dict:
     ):
         ddp = bagua.DistributedDataParallel(model, [optimizer], name if name in ("qadam", "decentralized")
                                             else "gradient_allreduce", **kwargs)
-        out["reasons"][name] = ddp._backward.reason
+        out["reasons"][name] = ddp.for_algorithms.per_parameter_reason
         ddp.close()
 
     model = _SharedAcrossCheckpoint()
