@@ -181,7 +181,6 @@ def _drawn(ax, color: str, style: str) -> tuple[list[float], list[float]]:
 def test_figures_draw_the_results_and_the_fitted_model(tmp_path):
     """Each variant's measured epochs over each sweep, the fitted model through them (dotted), the
     paper's epochs and the model at its scale as the fit's table has them, on the intended scales."""
-    pytest.importorskip("matplotlib")
     import numpy as np
 
     results = synthetic_results("quick")
