@@ -188,7 +188,7 @@ class DistributedDataParallel(torch.nn.Module):
         self._closed = False
         self._in_forward = False
         self._backward = BackwardTracker(self)  # the gradient hooks: readiness per bucket
-        self._hooks = []
+        self._hooks: list = []  # the optimizers' and the module's hooks, removed by close()
         for opt in self.optimizers:
             self._hooks.append(opt.register_step_pre_hook(step_pre_hook(lambda: self.impl.on_optimizer_step_pre(self))))
             self._hooks.append(opt.register_step_post_hook(lambda *_: self.impl.on_optimizer_step_post(self)))
@@ -327,7 +327,7 @@ class DistributedDataParallel(torch.nn.Module):
         if self.step:
             self._bytes_sent_last_step = now - self._step_start_bytes
         self._step_start_bytes = now
-        if self._backward.reason is not None:  # (counting per bucket, backward's start moves them in)
+        if self._backward.reason is not None:  # per bucket, the backward's start moves them in itself
             self._repair_gradients()
         self.impl.on_forward_pre(self)
         self.step += 1
