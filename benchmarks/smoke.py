@@ -10,7 +10,7 @@ the fused optimizer's GPU section runs here through Triton's interpreter.
 
 Usage::
 
-    python benchmarks/smoke.py               # all, ~6 minutes on 2 cores
+    python benchmarks/smoke.py               # all, ~10 minutes on 2 cores
     python benchmarks/smoke.py --only ddp comm
 """
 
@@ -78,6 +78,12 @@ SMOKES = (
                                                       "--warmup", "2"), netns=True),
     Smoke("tradeoff", "tradeoff.py", ("--quick", "--fresh", "--settings", "bw-100mbit", "--only", "ddp", "bytegrad"),
           netns=True),
+    Smoke("machines_prediction", "machines_prediction.py", ("--held-out",)),
+    Smoke("machines", "machines.py", ("--size", "comm-bound", "--reps", "1", "--block", "1"), netns=True),
+    Smoke("scale_check", "scale_check.py", ("--layouts", "2x2", "--steps", "2", "--variants", "torch-ddp",
+                                            "gradient_allreduce-hier", "bytegrad-hier", "decentralized-shift_one")),
+    Smoke("hf_trainer", "hf_trainer.py", ("--hooks", "none", "bytegrad", "--steps", "3", "--skip", "1", "--reps", "1",
+                                          "--max-files", "20"), netns=True),
 )
 
 
