@@ -53,6 +53,21 @@ def _model(layers: int) -> torch.nn.Module:
     return torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(layers)])
 
 
+def in_turns(names, steps: int, block: int, warmup: int):
+    """``(name, step)`` in the order the variants take their turns, ``block`` steps each, over
+    ``warmup + steps`` steps (a step below ``warmup`` is not timed).
+
+    Example::
+
+        list(in_turns("ab", 3, 2, 0))   # [('a', 0), ('a', 1), ('b', 0), ('b', 1), ('a', 2), ('b', 2)]
+    """
+    total = warmup + steps
+    for start in range(0, total, block):
+        for name in names:
+            for i in range(start, min(start + block, total)):
+                yield name, i
+
+
 def measure(layers: int, steps: int, block: int = 25, warmup: int = 20) -> dict[str, dict[str, float]]:
     """Mean process CPU microseconds per phase, per variant (plain, torch, bagua): the variants take
     turns, ``block`` whole steps each (1: a turn every step, which makes each step start from the
@@ -70,21 +85,20 @@ def measure(layers: int, steps: int, block: int = 25, warmup: int = 20) -> dict[
         variants[kind] = (model, opt)
     x = torch.randn(4, 8)
     spent = {kind: {phase: [] for phase in PHASES} for kind in variants}
-    for turn in range(-(-(warmup + steps) // block)):
-        for kind, (model, opt) in variants.items():
-            for i in range(turn * block, min((turn + 1) * block, warmup + steps)):
-                t0 = time.process_time()
-                opt.zero_grad()
-                t1 = time.process_time()
-                loss = model(x).sum()
-                t2 = time.process_time()
-                loss.backward()
-                t3 = time.process_time()
-                opt.step()
-                t4 = time.process_time()
-                if i >= warmup:
-                    for phase, (a, b) in zip(PHASES, ((t0, t1), (t1, t2), (t2, t3), (t3, t4))):
-                        spent[kind][phase].append(1e6 * (b - a))
+    for kind, i in in_turns(list(variants), steps, block, warmup):
+        model, opt = variants[kind]
+        t0 = time.process_time()
+        opt.zero_grad()
+        t1 = time.process_time()
+        loss = model(x).sum()
+        t2 = time.process_time()
+        loss.backward()
+        t3 = time.process_time()
+        opt.step()
+        t4 = time.process_time()
+        if i >= warmup:
+            for phase, (a, b) in zip(PHASES, ((t0, t1), (t1, t2), (t2, t3), (t3, t4))):
+                spent[kind][phase].append(1e6 * (b - a))
     return {kind: {phase: statistics.mean(v) for phase, v in phases.items()} for kind, phases in spent.items()}
 
 
@@ -121,22 +135,21 @@ def floor(tensors: int, steps: int, block: int = 25, warmup: int = 20) -> dict[s
         setups[way] = (model, params, flat, views)
     x = torch.randn(4, 8)
     spent: dict[str, list[float]] = {way: [] for way in setups}
-    for turn in range(-(-(warmup + steps) // block)):
-        for way, (model, params, flat, views) in setups.items():
-            for i in range(turn * block, min((turn + 1) * block, warmup + steps)):
-                for q in params:
-                    q.grad = None
-                loss = model(x).sum()
-                t0 = time.process_time()
-                if "views" in way:
-                    flat.zero_()
-                    deque(map(setattr, params, repeat("grad"), views), maxlen=0)
-                loss.backward()
-                if way == "copy after":
-                    torch._foreach_copy_(views, list(map(grad, params)))
-                    deque(map(setattr, params, repeat("grad"), views), maxlen=0)
-                if i >= warmup:
-                    spent[way].append(1e6 * (time.process_time() - t0))
+    for way, i in in_turns(list(setups), steps, block, warmup):
+        model, params, flat, views = setups[way]
+        for q in params:
+            q.grad = None
+        loss = model(x).sum()
+        t0 = time.process_time()
+        if "views" in way:
+            flat.zero_()
+            deque(map(setattr, params, repeat("grad"), views), maxlen=0)
+        loss.backward()
+        if way == "copy after":
+            torch._foreach_copy_(views, list(map(grad, params)))
+            deque(map(setattr, params, repeat("grad"), views), maxlen=0)
+        if i >= warmup:
+            spent[way].append(1e6 * (time.process_time() - t0))
     plain = statistics.mean(spent["plain"])
     return {way: (statistics.mean(spent[way]) - plain) / tensors for way in FLOOR_WAYS}
 

@@ -53,7 +53,7 @@ def per_parameter_reason(ddp: "DistributedDataParallel") -> Optional[str]:
         return "find_unused_parameters=True: which parameters each backward reached, one by one"
     if type(ddp.impl).on_tensor_ready is not AlgorithmImpl.on_tensor_ready:
         return f"{type(ddp.impl).__name__} acts on each tensor as it becomes ready (on_tensor_ready)"
-    if len({bucket.device for bucket in ddp.buckets}) > 1:
+    if _several_devices(ddp):
         return "buckets on several devices: autograd accumulates on a thread per device"
     homes = set(map(id, ddp._grad_view.values()))
     if homes and not all(id(v) in homes for bucket in ddp.buckets for v in bucket.views):
@@ -83,7 +83,7 @@ class BackwardTracker:
         self._left[:] = [DISARMED] * (outside + 1)
         self._all_names = frozenset(name for name, _ in ddp.named_trainable_parameters)
         self._gradient_buckets = bucketing.gradient_buckets(ddp)
-        self._several_devices = len({bucket.device for bucket in ddp.buckets}) > 1
+        self._several_devices = _several_devices(ddp)
         # held, so that each parameter keeps the same node (torch DDP holds them too): asked which
         # ones a backward will run when a bucket's count does not reach zero
         self._accumulators = {name: _accumulator(ddp._params[name]) for name in ddp._slot}
@@ -224,6 +224,11 @@ class BackwardTracker:
         self._counting = False
         if self.reason is None:
             self._left[:] = [DISARMED] * len(self._left)
+
+
+def _several_devices(ddp: "DistributedDataParallel") -> bool:
+    """Whether ``ddp``'s buckets live on more than one device (autograd: a thread each)."""
+    return len({bucket.device for bucket in ddp.buckets}) > 1
 
 
 def _accumulator(param: torch.Tensor) -> torch.autograd.graph.Node:

@@ -85,8 +85,7 @@ class JoinState:
                 bucket.flat.zero_()
         ddp._buffers_sent = False
         ddp._start_buffer_broadcast()
-        ddp.for_algorithms.mark_all_ready()
-        ddp.engine.wait()
+        ddp.for_algorithms.communicate_all()
         if ddp.find_unused_parameters:  # this rank used nothing: the others' use decides
             unused_parameters.adopt_averaged_gradients(ddp, list(ddp._slot), [])
         ddp._finish_synced_step()

@@ -21,6 +21,11 @@ def test_the_extra_per_tensor_and_the_ratio_are_over_the_bare_model():
     assert extra["ratio"] == pytest.approx(0.5)
 
 
+def test_the_variants_take_turns_of_a_block_of_steps_each():
+    assert list(wrapper_overhead.in_turns("ab", 3, 2, 0)) == [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("a", 2), ("b", 2)]
+    assert list(wrapper_overhead.in_turns("ab", 1, 1, 1)) == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]
+
+
 def test_the_floor_times_every_way_against_a_plain_backward():
     floors = wrapper_overhead.floor(tensors=8, steps=4, block=2, warmup=1)
     assert set(floors) == set(wrapper_overhead.FLOOR_WAYS)
