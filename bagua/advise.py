@@ -94,22 +94,27 @@ ALIASES = {"qadam1": "qadam-1bit", "qadam_1bit": "qadam-1bit", "ddp": "torch-ddp
 
 @dataclass(frozen=True)
 class Link:
-    """A link between machines: ``bandwidth_bit_s`` each way, ``latency_s`` one way."""
+    """A link between machines: ``bandwidth_bit_s`` each way, ``latency_s`` one way, and
+    ``message_s``, what each message between machines costs a router they all share, one after
+    another (0 for hardware; the emulated network's delay line is a process on the box's cores)."""
 
     bandwidth_bit_s: float
     latency_s: float = 0.0
+    message_s: float = 0.0
 
 
 @dataclass(frozen=True)
 class Collective:
     """One collective of a step: what it is, the bytes on the busiest link, the messages in
-    sequence (hops), and what it may hide behind: "backward", "forward" (forward and backward),
-    "none", or "background" (off the step)."""
+    sequence (hops), what it may hide behind: "backward", "forward" (forward and backward),
+    "none", or "background" (off the step), and the messages between machines it sends, all
+    ranks together (``remote_messages``: what a shared router forwards)."""
 
     what: str
     nbytes: float
     hops: int
     overlap: str
+    remote_messages: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -122,7 +127,8 @@ class Constants:
             one-way latencies (1: the delay alone; more where TCP's slow start after an idle link,
             or the software at both ends, adds to it).
         efficiency: share of the link's rate an exact (ring) allreduce reaches.
-        backward_share: share of the step's compute that backward takes (forward: half of it).
+        backward_share: share of the step's compute that backward takes (forward: half of it;
+            2/3: backward does twice forward's arithmetic).
         compressed_efficiency: the same for bagua's compressed allreduce (chunks to every peer at
             once, reduced, sent back; None: ``efficiency``).
         exchange_efficiency: the same for the ring exchange (``alltoall_v`` to both neighbours;
@@ -133,7 +139,7 @@ class Constants:
     message_s: float = 0.0
     latency_factor: float = 1.0
     efficiency: float = 1.0
-    backward_share: float = 0.6
+    backward_share: float = 2 / 3
     compressed_efficiency: Optional[float] = None
     exchange_efficiency: Optional[float] = None
 
@@ -195,18 +201,20 @@ def _ring(nbytes: float, m: int, backend: str, overlap: str, what: str, ranks: O
     """An exact ring over ``ranks`` (default ``m``) ranks laid out on ``m`` machines: a machine's
     link carries the ring's ``2 (n-1)/n`` of the bytes once each way, and a message waits for the
     one before it across each machine boundary (within a machine counts as free)."""
-    n = ranks or m
-    return Collective(what, 2 * (n - 1) / n * nbytes, allreduce_hops(nbytes, m, backend), overlap)
+    n, hops = ranks or m, allreduce_hops(nbytes, m, backend)
+    return Collective(what, 2 * (n - 1) / n * nbytes, hops, overlap, hops * m)
 
 
 def _compressed(nbytes: float, m: int, overlap: str, what: str, per_element: float = UINT8_BYTES_PER_ELEMENT,
                 per_machine: int = 1) -> Collective:
     """Bagua's compressed allreduce over ``m`` machines of ``per_machine`` ranks each (every rank its
     own share: flat): each rank sends its chunk for every rank of other machines, and their reduced
-    chunks come back, so a machine's link carries ``2 R (n-R)/n`` of the encoded bytes."""
+    chunks come back, so a machine's link carries ``2 R (n-R)/n`` of the encoded bytes, in
+    ``2 n (n-R)`` messages between machines."""
     wire = nbytes / 4 * per_element
     n = m * per_machine
-    return Collective(what, 2 * per_machine * (n - per_machine) / n * wire, 2 if m > 1 else 0, overlap)
+    return Collective(what, 2 * per_machine * (n - per_machine) / n * wire, 2 if m > 1 else 0, overlap,
+                      2 * n * (n - per_machine))
 
 
 def message_pattern(algorithm: str, buckets: Sequence[float], world_size: int, ranks_per_machine: int = 1,
@@ -232,8 +240,7 @@ def message_pattern(algorithm: str, buckets: Sequence[float], world_size: int, r
     sharing = ranks_per_machine if flat else 1  # ranks that each send their own share over the machine's link
     if algorithm in ("torch-ddp", "torch-ddp-fp16"):
         half = algorithm == "torch-ddp-fp16"
-        return [Collective("allreduce", 2 * (world_size - 1) / world_size * (b / 2 if half else b),
-                           allreduce_hops(b / 2 if half else b, m, backend), "backward") for b in buckets]
+        return [_ring(b / 2 if half else b, m, backend, "backward", "allreduce", world_size) for b in buckets]
     if algorithm == "gradient_allreduce":
         return [_ring(b, m, backend, "backward", "allreduce", ring_ranks) for b in buckets]
     if algorithm == "bytegrad":
@@ -244,7 +251,8 @@ def message_pattern(algorithm: str, buckets: Sequence[float], world_size: int, r
         return [_ring(b, m, backend, "forward", "weights allreduce", ring_ranks) for b in buckets]
     if algorithm == "low_precision_decentralized":
         neighbours = min(2, m - 1)
-        return [Collective("ring exchange", neighbours * b / 4 * UINT8_BYTES_PER_ELEMENT, 1, "none") for b in buckets]
+        return [Collective("ring exchange", neighbours * b / 4 * UINT8_BYTES_PER_ELEMENT, 1, "none", neighbours * m)
+                for b in buckets]
     if algorithm in ("qadam", "qadam-1bit"):  # each bucket's momentum during backward (a hit), then the verdict
         per_element = SIGN1_BYTES_PER_ELEMENT if algorithm == "qadam-1bit" else UINT8_BYTES_PER_ELEMENT
         if not speculating:
@@ -310,44 +318,71 @@ def one_way_delays(c: Collective, backend: str = "gloo") -> float:
 
 def collective_time(c: Collective, link: Link, constants: Constants, backend: str = "gloo") -> tuple[float, float]:
     """(latency part, transfer part) of one collective's time on ``backend``, seconds."""
-    latency = c.hops * constants.message_s + one_way_delays(c, backend) * constants.latency_factor * link.latency_s
+    latency = (c.hops * constants.message_s + one_way_delays(c, backend) * constants.latency_factor * link.latency_s
+               + c.remote_messages * link.message_s)
     transfer = 8 * c.nbytes / (constants.efficiency_of(TRANSPORT.get(c.what, "ring")) * link.bandwidth_bit_s)
     return latency, transfer
 
 
-def exposed_time(pattern: Sequence[Collective], times: Sequence[float], compute_s: float, backward_share: float) -> float:
+def communication_pace(processes: float, cores: float, background: float = 0.0) -> float:
+    """How fast communication progresses while the step computes, as a share of its pace alone:
+    each rank's communication thread gets its share of a core, ``min(1, cores / (processes +
+    background))``. 1 where the ranks leave a core free (a GPU per rank, or cores to spare);
+    less where CPU ranks oversubscribe the machine, and their communication waits for compute to
+    stop (on the 2-core box of benchmarks/RESULTS.md, 16 ranks: about 0.12).
+
+    Example::
+
+        communication_pace(16, 2, 1.0)   # 0.1176...
+        communication_pace(1, 8)         # 1.0
+    """
+    if processes < 1 or cores <= 0 or background < 0:
+        raise ValueError(f"need processes >= 1, cores > 0 and background >= 0, got {processes}, {cores}, {background}")
+    return min(1.0, cores / (processes + background))
+
+
+def exposed_time(pattern: Sequence[Collective], times: Sequence[float], compute_s: float, backward_share: float,
+                 pace: float = 1.0) -> float:
     """Seconds of communication the step waits for, as the engine overlaps it: "backward" buckets
     leave in order as backward produces them (evenly over backward, by bytes), "forward" ones at
-    the start of forward and finish before the step ends backward, "none" after backward."""
+    the start of forward and finish before the step ends backward, "none" after backward. While
+    compute runs, communication moves at ``pace`` of its own speed (:func:`communication_pace`),
+    at full speed once it stops."""
+    if not 0 < pace <= 1:
+        raise ValueError(f"need 0 < pace <= 1, got {pace}")
     backward = backward_share * compute_s
     forward = backward / 2
-    wait, clock = 0.0, 0.0  # clock: end of the last bucket sent during backward (from backward's start)
+    clock = 0.0  # the end of the last bucket sent during backward (from backward's start)
     sized = [(c, t) for c, t in zip(pattern, times) if c.overlap == "backward"]
     total = sum(c.nbytes for c, _ in sized) or 1.0
     done = 0.0
     for c, t in sized:
         done += c.nbytes
-        clock = max(clock, backward * done / total) + t
-    wait += max(0.0, clock - backward)
+        start = max(clock, backward * done / total)
+        overlapped = pace * max(0.0, backward - start)  # its own seconds done before backward ends
+        clock = start + t / pace if overlapped >= t else max(start, backward) + t - overlapped
+    wait = max(0.0, clock - backward)
     ahead = sum(t for c, t in zip(pattern, times) if c.overlap == "forward")
-    wait += max(0.0, ahead - min(compute_s, forward + backward))
+    wait += max(0.0, ahead - pace * min(compute_s, forward + backward))
     return wait + sum(t for c, t in zip(pattern, times) if c.overlap == "none")
 
 
 def predict(algorithm: str, buckets: Sequence[float], world_size: int, link: Link, compute_s: float,
             constants: Constants = Constants(), ranks_per_machine: int = 1, backend: str = "gloo",
-            pattern: Optional[Sequence[Collective]] = None, hierarchical: bool = True) -> Prediction:
+            pattern: Optional[Sequence[Collective]] = None, hierarchical: bool = True,
+            pace: float = 1.0) -> Prediction:
     """The predicted step of ``algorithm`` (see the module docstring); ``compute_s`` is the step's
     compute without communication. ``pattern``: the step's collectives if not today's
     ``message_pattern`` (a measurement of older code predicted with the pattern it recorded);
-    ``hierarchical``: as ``message_pattern``'s."""
+    ``hierarchical``: as ``message_pattern``'s; ``pace``: communication's pace while compute runs
+    (:func:`communication_pace`; 1: each rank has a core or a device of its own)."""
     if link.bandwidth_bit_s <= 0 or link.latency_s < 0 or compute_s < 0:
         raise ValueError(f"need a positive bandwidth, latency >= 0 and compute >= 0, got {link} and {compute_s}")
     if pattern is None:
         pattern = message_pattern(algorithm, buckets, world_size, ranks_per_machine, backend, hierarchical=hierarchical)
     parts = [collective_time(c, link, constants, backend) for c in pattern]
     times = [a + b for a, b in parts]
-    exposed = exposed_time(pattern, times, compute_s, constants.backward_share)
+    exposed = exposed_time(pattern, times, compute_s, constants.backward_share, pace)
     on_step = [(c, p) for c, p in zip(pattern, parts) if c.overlap != "background"]
     return Prediction(algorithm, compute_s + exposed, compute_s, exposed, sum(times),
                       sum(p[0] for _, p in on_step), sum(p[1] for _, p in on_step),

@@ -15,7 +15,8 @@ Targets (issue 41): hierarchical bytegrad at least 1.8x faster than flat bytegra
 measured epoch.
 
 ``--held-out``: the shapes of the second prediction (``machines_prediction.py --held-out``, 6 x 2
-and 4 x 4, with the contention the first runs showed), into ``results/machines_heldout.json``.
+and 4 x 4, with the contention the first runs showed), into ``results/machines_heldout.json``;
+``--fresh``: the third's (3 x 4, 2 x 8), into ``results/machines_fresh.json``.
 ``--size comm-bound``: the 4 x 2, 100 Mbit/s point on a model with little compute per byte
 (``tradeoff.MODEL``), torch DDP and bytegrad flat and hierarchical only, into
 ``results/machines_comm_bound.json``; reported against the ceiling its bytes allow.
@@ -25,6 +26,7 @@ Usage::
     python benchmarks/machines.py                        # every point (~10 min here, root)
     python benchmarks/machines.py --points 4x2-100mbit   # one
     python benchmarks/machines.py --held-out             # the held-out shapes (~12 min)
+    python benchmarks/machines.py --fresh                # the shapes after the second fix (~12 min)
     python benchmarks/machines.py --size comm-bound      # hierarchical bytegrad where bytes dominate
     python benchmarks/machines.py --report               # tables and plot from the JSON
 """
@@ -43,15 +45,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _jobs import run_job  # noqa: E402
-from machines_prediction import HELD_OUT_LAYOUTS, LAYOUTS, LINKS, VARIANTS, measured_scales, predictions  # noqa: E402
+from machines_prediction import LINKS, SETS, VARIANTS, measured_scales, predictions  # noqa: E402
 from tradeoff import EPOCH_STEPS, JSON_TAG  # noqa: E402
 
 logger = logging.getLogger("machines")
-RESULTS, HELD_OUT_RESULTS = HERE / "results" / "machines.json", HERE / "results" / "machines_heldout.json"
 COMM_BOUND_RESULTS = HERE / "results" / "machines_comm_bound.json"
-PREDICTION = HERE / "results" / "machines_prediction.json"
-HELD_OUT_PREDICTION = HERE / "results" / "machines_heldout_prediction.json"
-FIGURE, HELD_OUT_FIGURE = HERE / "figures" / "machines.png", HERE / "figures" / "machines_heldout.png"
 COMM_BOUND_VARIANTS = ("ddp", "bytegrad", "bytegrad-hier", "local")
 LINK_FLAGS = {"100mbit": ["--rate", "100mbit"], "1gbit-5ms": ["--rate", "1gbit", "--delay", "5"]}
 TARGET_HIER, TARGET_NOT_SLOWER, TARGET_MODEL = 1.8, 1.05, 0.25
@@ -173,7 +171,11 @@ def plot(results: dict[str, Any], prediction: dict[str, Any], path: Path) -> Non
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--points", nargs="+", default=None, help="default: every point of the chosen prediction")
-    p.add_argument("--held-out", action="store_true", help="the held-out shapes of machines_heldout_prediction.json")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--held-out", action="store_const", const="held-out", dest="set", default="first",
+                       help="the held-out shapes of machines_heldout_prediction.json")
+    which.add_argument("--fresh", action="store_const", const="fresh", dest="set",
+                       help="the fresh shapes of machines_fresh_prediction.json")
     p.add_argument("--size", default="full", choices=("full", "comm-bound"),
                    help="comm-bound: the 4x2 100 Mbit/s point with tradeoff.MODEL's comm-bound model")
     p.add_argument("--reps", type=int, default=2)
@@ -185,8 +187,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="machines: %(message)s")
     comm_bound = args.size == "comm-bound"
-    prediction = json.loads((HELD_OUT_PREDICTION if args.held_out else PREDICTION).read_text())
-    path = COMM_BOUND_RESULTS if comm_bound else HELD_OUT_RESULTS if args.held_out else RESULTS
+    layouts, prediction_path, results_path, figure = SETS[args.set]
+    prediction = json.loads((HERE / prediction_path).read_text())
+    path = COMM_BOUND_RESULTS if comm_bound else HERE / results_path
     results = json.loads(path.read_text()) if path.exists() else {"points": {}}
     points = args.points or (["4x2-100mbit"] if comm_bound else list(prediction["points"]))
     failed = []
@@ -211,15 +214,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         fit = json.loads((HERE / "results" / "tradeoff_model.json").read_text())
         sweep = json.loads((HERE / "results" / "tradeoff.json").read_text())
         scales = measured_scales(results, fit)
-        layouts = HELD_OUT_LAYOUTS if args.held_out else LAYOUTS
-        corrected = ({k: v for k, v in predictions(fit, sweep, scales, layouts).items() if k in scales}
+        corrected = ({k: v for k, v in predictions(fit, sweep, scales, layouts, router=prediction.get("router")).items()
+                      if k in scales}
                      if scales else None)
         lines, key = report(results, prediction, corrected)
     results["key"] = key
     path.write_text(json.dumps(results, indent=1))
     print("\n".join(lines))
     if not comm_bound and not args.no_plot and results["points"]:
-        plot(results, prediction, HELD_OUT_FIGURE if args.held_out else FIGURE)
+        plot(results, prediction, HERE / figure)
     return 1 if failed else 0
 
 

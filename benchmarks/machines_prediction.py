@@ -21,10 +21,17 @@ shapes the first runs never touched (6 machines x 2 ranks, 4 x 4): the same fit,
 n ranks scaled by ``cpu_slowdown``'s contention exponent fitted on the first runs' measured
 no-communication steps (``fit_contention``), the one thing those runs showed the model lacked.
 
+``--fresh`` writes the third, ``results/machines_fresh_prediction.json``, for shapes neither run
+touched (3 x 4, 2 x 8), with what the held-out run showed the model lacked, fitted on both earlier
+runs: communication that moves at the ranks' share of a core while compute runs
+(``bagua.advise.communication_pace``, in the sweep's refit too) and the emulated delay line's cost
+per message between machines (``fit_router``), besides the contention.
+
 Example::
 
     python benchmarks/machines_prediction.py              # writes benchmarks/results/machines_prediction.json
     python benchmarks/machines_prediction.py --held-out   # ... machines_heldout_prediction.json
+    python benchmarks/machines_prediction.py --fresh      # ... machines_fresh_prediction.json
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -40,12 +48,21 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from bagua.advise import Constants, Link, predict  # noqa: E402
+from bagua.advise import Constants, Link, cpu_slowdown, predict  # noqa: E402
 from tradeoff import EPOCH_STEPS  # noqa: E402
-from tradeoff_fit import compute_scale, machine_facts  # noqa: E402
+from tradeoff_fit import compute_scale, machine_facts, pace  # noqa: E402
 
 LAYOUTS = ((4, 2), (8, 2))
 HELD_OUT_LAYOUTS = ((6, 2), (4, 4))  # 12 ranks and 4 a machine: neither was measured before
+FRESH_LAYOUTS = ((3, 4), (2, 8))  # 4 and 8 a machine, 3 and 2 machines: neither run measured them
+#: each set of shapes: its layouts, its prediction, its measurements, its plot (in benchmarks/)
+SETS = {
+    "first": (LAYOUTS, "results/machines_prediction.json", "results/machines.json", "figures/machines.png"),
+    "held-out": (HELD_OUT_LAYOUTS, "results/machines_heldout_prediction.json", "results/machines_heldout.json",
+                 "figures/machines_heldout.png"),
+    "fresh": (FRESH_LAYOUTS, "results/machines_fresh_prediction.json", "results/machines_fresh.json",
+              "figures/machines_fresh.png"),
+}
 FITTED_WORLD = 4  # the sweep's per-variant compute is at 4 ranks
 LINKS = {"100mbit": Link(100e6, 0.0), "1gbit-5ms": Link(1e9, 0.005)}
 #: the variants measured: (benchmark name, bagua.advise name, hierarchical)
@@ -63,32 +80,40 @@ VARIANTS = (
 
 
 def predictions(fit: dict[str, Any], sweep: dict[str, Any], scales: Optional[dict[str, float]] = None,
-                layouts: Sequence[tuple[int, int]] = LAYOUTS, contention: float = 1.0) -> dict[str, Any]:
+                layouts: Sequence[tuple[int, int]] = LAYOUTS, contention: float = 1.0,
+                router: Optional[dict[str, float]] = None) -> dict[str, Any]:
     """Epoch seconds per point ``"{M}x{R}-{link}"`` and variant, and what went into each.
     ``scales``: a point's compute scale, measured (its no-communication step over the fit's torch
     DDP compute at 4 ranks), instead of ``compute_scale``'s sharing of the cores (with
-    ``contention``, ``cpu_slowdown``'s exponent)."""
+    ``contention``, ``cpu_slowdown``'s exponent). ``router``: per link, the emulated router's
+    seconds per message between machines on an idle core (``fit_router``), slowed as the ranks'
+    compute is (``cpu_slowdown``)."""
     constants = Constants(**fit["constants"])
+    facts = machine_facts(sweep)
     recorded = sweep["settings"]["x8-100mbit"]["job"]["variants"]  # the LM's buckets per variant, as recorded
     points: dict[str, Any] = {}
     for machines, per in layouts:
         world = machines * per
         for link_name, link in LINKS.items():
             key = f"{machines}x{per}-{link_name}"
+            if router:
+                link = replace(link, message_s=router[link_name] * cpu_slowdown(world, facts["cpus"], facts["load_start"],
+                                                                                contention))
             scale = (scales or {}).get(key) or compute_scale(sweep, world, FITTED_WORLD, contention=contention)
+            paced = pace(machine_facts(sweep), world)
             rows = {}
             for name, advise_name, hierarchical in VARIANTS:
                 base = name.removesuffix("-hier")
                 buckets = recorded[base]["buckets"]
                 compute = fit["compute_s"][advise_name] * scale
                 p = predict(advise_name, buckets, world, link, compute, constants, ranks_per_machine=per,
-                            hierarchical=hierarchical)
+                            hierarchical=hierarchical, pace=paced)
                 rows[name] = {"epoch_s": p.step_s * EPOCH_STEPS, "step_s": p.step_s, "compute_s": p.compute_s,
                               "exposed_s": p.exposed_s, "hops": p.hops, "bytes_per_step": p.nbytes}
             points[key] = {
                 "machines": machines, "ranks_per_machine": per, "link": {"bandwidth_bit_s": link.bandwidth_bit_s,
                                                                          "latency_s": link.latency_s},
-                "compute_scale": scale, "variants": rows}
+                "compute_scale": scale, "pace": paced, "router_message_s": link.message_s, "variants": rows}
     return points
 
 
@@ -125,29 +150,71 @@ def fit_contention(results: dict[str, Any], fit: dict[str, Any], sweep: dict[str
     return max(1.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs))
 
 
+def fit_router(results: dict[str, Any], fit: dict[str, Any], sweep: dict[str, Any], contention: float) -> dict[str, float]:
+    """Per link of ``LINKS``, the emulated router's seconds per message between machines on an idle
+    core that best explain ``results`` (machines.py's runs): least squares on the log of every
+    variant's epoch, bounded to [0, 10 ms]. The delay line that makes a link's latency is a process
+    on the same cores as the ranks; what it adds grows with the messages a step sends between
+    machines (``Collective.remote_messages``: ``2 n (n-R)`` for a flat compressed allreduce).
+
+    Example::
+
+        fit_router(json.load(open("benchmarks/results/machines.json")), fit, sweep, 1.27)   # {"100mbit": 0.0, ...}
+    """
+    import math
+
+    from scipy.optimize import minimize_scalar
+
+    from machines import epochs
+
+    layouts = sorted({tuple(int(x) for x in k.split("-")[0].split("x")) for k in results["points"]})
+    out = {}
+    for link_name in LINKS:
+        measured = {k: epochs(r["job"]) for k, r in results["points"].items() if k.endswith("-" + link_name)}
+
+        def loss(c: float) -> float:
+            points = predictions(fit, sweep, layouts=layouts, contention=contention, router={**dict.fromkeys(LINKS, 0.0),
+                                                                                           link_name: c})
+            return sum(math.log(row["epoch_s"] / measured[k][name]) ** 2
+                       for k in measured for name, row in points[k]["variants"].items())
+
+        out[link_name] = float(minimize_scalar(loss, bounds=(0.0, 0.01), method="bounded",
+                                               options={"xatol": 1e-7}).x) if measured else 0.0
+    return out
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--fit", default=str(HERE / "results" / "tradeoff_model.json"))
     p.add_argument("--sweep", default=str(HERE / "results" / "tradeoff.json"))
-    p.add_argument("--held-out", action="store_true",
-                   help="predict HELD_OUT_LAYOUTS with the contention fitted on results/machines.json")
-    p.add_argument("--out", default=None, help="default results/machines_prediction.json "
-                                                "(--held-out: results/machines_heldout_prediction.json)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--held-out", action="store_const", const="held-out", dest="set", default="first",
+                       help="predict HELD_OUT_LAYOUTS with the contention fitted on results/machines.json")
+    which.add_argument("--fresh", action="store_const", const="fresh", dest="set",
+                       help="predict FRESH_LAYOUTS with the contention and the router fitted on both earlier runs")
+    p.add_argument("--out", default=None, help="default: the set's prediction in results/ (see SETS)")
     args = p.parse_args(argv)
     fit, sweep = json.loads(Path(args.fit).read_text()), json.loads(Path(args.sweep).read_text())
     record: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "fitted_on": fit["fit_settings"],
                               "constants": fit["constants"], "epoch_steps": EPOCH_STEPS}
-    if args.held_out:
-        measured = json.loads((HERE / "results" / "machines.json").read_text())
+    layouts, prediction_path = SETS[args.set][:2]
+    contention, router = 1.0, None
+    if args.set != "first":
+        earlier = ("first",) if args.set == "held-out" else ("first", "held-out")
+        measured: dict[str, Any] = {"points": {}}
+        for name in earlier:
+            measured["points"].update(json.loads((HERE / SETS[name][2]).read_text())["points"])
         contention = fit_contention(measured, fit, sweep)
         record.update(contention=contention, contention_fitted_on=sorted(measured_scales(measured, fit)),
                       machine=machine_facts(sweep))
-        points = predictions(fit, sweep, layouts=HELD_OUT_LAYOUTS, contention=contention)
-        out = Path(args.out or HERE / "results" / "machines_heldout_prediction.json")
         print(f"cpu_slowdown's contention, fitted on {', '.join(record['contention_fitted_on'])}: {contention:.3f}")
-    else:
-        points = predictions(fit, sweep)
-        out = Path(args.out or HERE / "results" / "machines_prediction.json")
+        if args.set == "fresh":
+            router = fit_router(measured, fit, sweep, contention)
+            record.update(router=router, router_fitted_on=sorted(measured["points"]))
+            print("the delay line's seconds per message between machines, on an idle core: "
+                  + ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in router.items()))
+    points = predictions(fit, sweep, layouts=layouts, contention=contention, router=router)
+    out = Path(args.out or HERE / prediction_path)
     record["points"] = points
     out.write_text(json.dumps(record, indent=1))
     for key, point in points.items():

@@ -29,7 +29,7 @@ sys.path.insert(0, str(HERE))
 
 from ddp_report import COLORS, LABELS  # noqa: E402
 from tradeoff import EPOCH_STEPS, SETTINGS, VARIANTS, results_path  # noqa: E402
-from tradeoff_fit import ADVISE_NAME, fit_results  # noqa: E402
+from tradeoff_fit import ADVISE_NAME, fit_results, machine_facts, pace  # noqa: E402
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -174,7 +174,9 @@ def fit_markdown(fit: dict[str, Any]) -> str:
              "its receive was posted ahead); share of the "
              f"link rate reached by an exact ring allreduce {c['efficiency']:.2f}, by the compressed allreduce "
              f"{eff['compressed_efficiency']:.2f}, by the ring exchange {eff['exchange_efficiency']:.2f}; backward "
-             f"{c['backward_share']:.2f} of compute; compute per step: "
+             f"{c['backward_share']:.2f} of compute (not fitted: twice forward's arithmetic); communication during compute "
+             f"at the ranks' share of the cores (`bagua.advise.communication_pace`, {pace(machine, 4):.2f} at 4 ranks "
+             f"here, {pace(machine, 8):.2f} at 8); compute per step: "
              + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in sorted(fit["compute_s"].items())) + ". "
              "Each point is predicted with the collectives its job recorded (the code that was measured). "]
     if any(w != "4" for w in scale):
@@ -268,7 +270,7 @@ def paper_markdown(fit: dict[str, Any]) -> str:
     head = (f"A prediction, not a measurement: {s['world_size']} ranks on {s['world_size'] // s['ranks_per_machine']} "
             f"machines, {s['params'] / 1e6:.0f}M parameters in 25 MiB buckets, NCCL, bagua's algorithms hierarchical "
             f"(exact within a machine), {s['steps_per_epoch']:.0f} steps an epoch, backward "
-            f"{a['constants']['backward_share']:.2f} of compute (fitted here); compute per step A "
+            f"{a['constants']['backward_share']:.2f} of compute (twice forward's); compute per step A "
             f"{a['compute_s'] * 1e3:.0f} ms, B to D {b['compute_s'] * 1e3:.0f} ms; B to D's link ceiling "
             f"{b['ceiling_bit_s'] / 1e9:.1f} Gbit/s; C: latency factor {paper['cases']['C']['constants']['latency_factor']:.1f} "
             "(fitted on this sweep's Gloo, applied to NCCL's one latency a message).")
@@ -315,8 +317,9 @@ def plot(results: dict[str, Any], fit: Optional[dict[str, Any]], path: Path) -> 
         if row is None:
             continue
         pattern = [Collective(**m) for m in row["messages"]] if "messages" in row else None  # the code measured
-        model = lambda link: predict(algo, row["buckets"], 4, link, fit["compute_s"][algo], constants,  # noqa: E731
-                                     pattern=pattern).step_s * EPOCH_STEPS
+        world = results["settings"][bw[0][1]]["job"]["world"]
+        model = lambda link: predict(algo, row["buckets"], world, link, fit["compute_s"][algo], constants,  # noqa: E731
+                                     pattern=pattern, pace=pace(machine_facts(results), world)).step_s * EPOCH_STEPS
         rates = [bw[0][0] * (bw[-1][0] / bw[0][0]) ** (i / 40) for i in range(41)]
         left.plot([r / 1e6 for r in rates], [model(Link(r)) for r in rates], ":", color=COLORS[name], linewidth=1)
         if lat:

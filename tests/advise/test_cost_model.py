@@ -12,7 +12,7 @@ import torch
 import bagua
 from bagua.advise import (
     ALGORITHMS, SIGN1_BYTES_PER_ELEMENT, UINT8_BYTES_PER_ELEMENT, Collective, Constants, Link, allreduce_hops,
-    collective_time, cpu_slowdown, default_buckets, exposed_time, link_from_timings, message_pattern, predict,
+    collective_time, communication_pace, cpu_slowdown, default_buckets, exposed_time, link_from_timings, message_pattern, predict,
     predict_all,
 )
 from bagua.comm.compression import MinMaxUInt8, Sign1
@@ -35,13 +35,13 @@ def test_gloo_ring_keeps_two_segments_in_flight():
 def test_each_algorithms_step_as_counted_from_the_code():
     wire = MB13 / 4 * UINT8_BYTES_PER_ELEMENT
     ddp = message_pattern("torch-ddp", [MB13], 4)
-    assert ddp == [Collective("allreduce", 1.5 * MB13, 12, "backward")]
+    assert ddp == [Collective("allreduce", 1.5 * MB13, 12, "backward", remote_messages=12 * 4)]  # a message a machine a hop
     assert message_pattern("torch-ddp-fp16", [MB13], 4)[0].nbytes == 0.75 * MB13
     assert message_pattern("gradient_allreduce", [MB13], 4) == ddp
-    assert message_pattern("bytegrad", [MB13], 4) == [Collective("compressed allreduce", 1.5 * wire, 2, "backward")]
+    assert message_pattern("bytegrad", [MB13], 4) == [Collective("compressed allreduce", 1.5 * wire, 2, "backward", 24)]
     assert message_pattern("decentralized", [MB13], 4)[0].overlap == "forward"
     exchange, = message_pattern("low_precision_decentralized", [MB13], 4)  # no agreement check: trusted
-    assert (exchange.hops, exchange.nbytes, exchange.overlap) == (1, 2 * wire, "none")
+    assert (exchange.hops, exchange.nbytes, exchange.overlap, exchange.remote_messages) == (1, 2 * wire, "none", 8)
     assert message_pattern("low_precision_decentralized", [MB13], 2)[0].nbytes == wire  # one neighbour
     assert [c.hops for c in message_pattern("low_precision_decentralized", [MB13] * 2, 4)] == [1, 1]
     qadam = message_pattern("qadam", [MB13, MB13], 4)  # the momentum by bucket during backward, then the verdict
@@ -56,6 +56,9 @@ def test_each_algorithms_step_as_counted_from_the_code():
     assert all(message_pattern(a, [MB13], 1) == [] for a in ALGORITHMS)
     # 128 ranks, 8 per machine: bagua hierarchical among 16 machines, torch's ring crosses them
     assert message_pattern("bytegrad", [MB13], 128, 8)[0].nbytes == pytest.approx(2 * 15 / 16 * wire)
+    # flat, every rank sends its chunk to each rank of the other machines, and gets its reduced chunk back
+    assert message_pattern("bytegrad", [MB13], 128, 8)[0].remote_messages == 2 * 16 * 15
+    assert message_pattern("bytegrad", [MB13], 128, 8, hierarchical=False)[0].remote_messages == 2 * 128 * 120
     assert message_pattern("torch-ddp", [MB13], 128, 8, "nccl")[0].nbytes == pytest.approx(2 * 127 / 128 * MB13)
     with pytest.raises(ValueError, match="unknown algorithm 'adam'; known: torch-ddp"):
         message_pattern("adam", [MB13], 4)
@@ -81,6 +84,39 @@ def test_overlap_follows_the_engine():
     assert exposed_time(ahead, [0.5], 1.0, 0.6) == 0.0 and exposed_time(ahead, [1.2], 1.0, 0.6) == pytest.approx(0.3)
     after = [Collective("x", 1.0, 1, "none"), Collective("y", 1.0, 1, "background")]
     assert exposed_time(after, [0.25, 9.0], 1.0, 0.6) == 0.25
+
+
+def test_communication_moves_at_its_pace_while_compute_runs():
+    """On a box whose ranks leave no core free, communication runs at the ranks' share of a core
+    until compute stops, then at its own speed."""
+    assert communication_pace(16, 2, 1.0) == pytest.approx(2 / 17) and communication_pace(2, 8) == 1.0
+    two = [Collective("a", 1.0, 1, "backward")] * 2
+    # the first bucket leaves halfway through backward (0.3 s left): at half pace 0.15 of its 0.2 s is
+    # done by backward's end, then 0.05 s and the second bucket's 0.2 s
+    assert exposed_time(two, [0.2, 0.2], 1.0, 0.6, pace=0.5) == pytest.approx(0.05 + 0.2)
+    assert exposed_time(two, [0.1, 0.2], 1.0, 0.6, pace=0.5) == pytest.approx(0.2)  # done within backward at 0.2 s
+    ahead = [Collective("w", 1.0, 1, "forward")]  # behind forward and backward's 0.9 s, at half pace: 0.45 s of it
+    assert exposed_time(ahead, [0.5], 1.0, 0.6, pace=0.5) == pytest.approx(0.05)
+    for times in ([0.2, 0.2], [0.5, 0.2], [0.05, 0.9]):  # pace 1: each rank has a core or a device of its own
+        assert exposed_time(two, times, 1.0, 0.6, pace=1.0) == exposed_time(two, times, 1.0, 0.6)
+    slowed = predict("decentralized", [MB13], 16, Link(100e6), 1.0, ranks_per_machine=4, pace=communication_pace(16, 2))
+    assert slowed.step_s > predict("decentralized", [MB13], 16, Link(100e6), 1.0, ranks_per_machine=4).step_s
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="0 < pace <= 1"):
+            exposed_time(two, [0.1, 0.1], 1.0, 0.6, pace=bad)
+    with pytest.raises(ValueError, match="processes >= 1"):
+        communication_pace(0, 2)
+
+
+def test_a_shared_router_costs_each_message_between_machines():
+    """A link's ``message_s``: every message between machines, all ranks together, one after another."""
+    link, routed = Link(1e9, 0.005), Link(1e9, 0.005, message_s=1e-4)
+    for hierarchical in (True, False):
+        c, = message_pattern("bytegrad", [MB13], 16, 2, hierarchical=hierarchical)
+        added = collective_time(c, routed, Constants())[0] - collective_time(c, link, Constants())[0]
+        assert added == pytest.approx(c.remote_messages * 1e-4)
+    flat, = message_pattern("bytegrad", [MB13], 16, 2, hierarchical=False)
+    assert flat.remote_messages == 2 * 16 * 14  # 16 ranks each to the 14 on other machines, and back
 
 
 def test_a_prediction_adds_latencies_and_transfers():

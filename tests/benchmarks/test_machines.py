@@ -84,3 +84,25 @@ def test_the_comm_bound_report_sets_the_ratio_beside_the_ceiling_of_its_bytes():
 def recorded(name: str) -> dict:
     """A results file as committed."""
     return json.loads((Path(machines_prediction.__file__).parent / "results" / name).read_text())
+
+
+def test_the_router_fit_recovers_a_known_cost_per_message_between_machines():
+    """Step times made by the model with a known router cost on the 1 Gbit/s + 5 ms link (none on the
+    other): the fit finds both."""
+    fit, sweep = recorded("tradeoff_model.json"), recorded("tradeoff.json")
+    truth = {"100mbit": 0.0, "1gbit-5ms": 3e-5}
+    made = machines_prediction.predictions(fit, sweep, contention=1.3, router=truth)
+    results = {"points": {k: {"date": "", "job": _job({n: r["step_s"] for n, r in p["variants"].items()})}
+                          for k, p in made.items()}}
+    found = machines_prediction.fit_router(results, fit, sweep, contention=1.3)
+    assert found["1gbit-5ms"] == pytest.approx(3e-5, rel=0.01) and found["100mbit"] < 1e-7
+    # what it adds grows with the ranks sharing the cores: 16 ranks' router is slower than 8 ranks'
+    assert made["8x2-1gbit-5ms"]["router_message_s"] > made["4x2-1gbit-5ms"]["router_message_s"] > 3e-5
+
+
+def test_each_set_of_shapes_names_its_own_files():
+    layouts = [layouts for layouts, *_ in machines_prediction.SETS.values()]
+    assert len({shape for shapes in layouts for shape in shapes}) == sum(len(shapes) for shapes in layouts)  # disjoint
+    for _, *paths in machines_prediction.SETS.values():
+        assert all(not Path(p).is_absolute() for p in paths)
+    assert len({path for _, *paths in machines_prediction.SETS.values() for path in paths}) == 3 * len(layouts)
