@@ -12,7 +12,10 @@ What overlaps with compute follows the engine (``bagua.comm.engine``): gradient 
 in order as backward fills them (torch DDP alike), and so does qadam's momentum (speculated;
 after a miss it is averaged again after backward), the decentralized weights leave at forward,
 the low-precision ring goes after backward with nothing to hide behind, and async's averaging
-runs on its own thread, off the step.
+runs on its own thread, off the step. Where the ranks leave no core free (CPU ranks sharing a
+machine's cores), communication moves at their share of a core while they compute
+(:func:`communication_pace`); a link whose messages a shared software router forwards (an emulated
+network) adds its ``Link.message_s`` per message between machines.
 
 Messages in sequence, per collective (1 rank per machine; ``m`` machines):
 
