@@ -178,7 +178,7 @@ def run_c10d_scale(workdir: Path, epochs: int = 40, timeout: float = 120.0, agen
                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "scale", "--rdzv-conf", f"{conf},is_host={is_host}",
                str(EXAMPLE), "--epochs", str(epochs), "--global-batch", str(global_batch), "--checkpoint-every", "10",
                "--checkpoint-dir", str(Path(workdir, "ckpt")), "--sample-log", str(samples)]
-        # A joining node hangs ~60 s without TORCH_DISABLE_SHARE_RDZV_TCP_STORE (README, Elastic training)
+        # A joining node hangs ~60 s without TORCH_DISABLE_SHARE_RDZV_TCP_STORE (docs/elastic.md)
         env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": "1"}
         sink = open(Path(workdir, f"{name}.log"), "a")
         return subprocess.Popen(cmd, cwd=HERE.parent, env=env, stdout=sink, stderr=subprocess.STDOUT,

@@ -12,7 +12,7 @@ joins restarts every worker at the new size, from the last checkpoint):
         --rdzv-endpoint HOST:29400 --rdzv-id digits --rdzv-conf last_call_timeout=5 \\
         examples/elastic_digits.py --checkpoint-dir /shared/ckpt
 
-What it takes (the recipe, see the README's "Elastic training"):
+What it takes (the recipe, see docs/elastic.md):
 - ``bagua.data.ElasticDistributedSampler`` (torch's DistributedSampler order, plus a resumable
   position) and ``bagua.data.ResumableDataLoader`` (counts the batches the loop received);
 - ``bagua.checkpoint.save_checkpoint`` every few steps into a directory every node sees, and

@@ -348,8 +348,8 @@ def test_bad_states(state, match):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_the_readme_resume_loop_trains_every_sample_once_per_epoch(kind):
-    """The loop of the README's recipe, ``for epoch in range(sampler.epoch, epochs)``, resumed from a
+def test_the_elastic_recipe_resume_loop_trains_every_sample_once_per_epoch(kind):
+    """The loop of docs/elastic.md's recipe, ``for epoch in range(sampler.epoch, epochs)``, resumed from a
     state saved mid-epoch and from one saved when an epoch had just ended: no epoch is entered
     twice and every sample is trained once per epoch, as in the uninterrupted run."""
     def train(samplers, epochs, stop_after=None):
