@@ -424,6 +424,13 @@ def _plugin_check(results: list[dict]) -> None:
     assert (results[0]["algorithm"], results[0]["every"]) == ("PeriodicAverageAlgorithm", 4)
 
 
+def _advise_check(results: list[dict]) -> None:
+    from bagua.advise import ALGORITHMS
+
+    lines = results[0]["stdout"].splitlines()
+    assert sorted(line.split()[0] for line in lines) == sorted(ALGORITHMS), "one line per algorithm"
+
+
 WRITING = "docs/writing_an_algorithm.md > Worked example: average the weights every k steps (local SGD)"
 _just_bagua = lambda rank, workdir: {"torch": torch, "bagua": bagua}  # noqa: E731
 
@@ -458,6 +465,8 @@ RECIPES: dict[str, Recipe] = {
                                         ranks=1, init=False),
     "docs/optimizers.md > QAdamOptimizer": Recipe(_model_and_loader(8), _qadam_check, _qadam_after),
     "docs/lightning.md > Lightning": Recipe(_lightning_namespace, _lightning_check, _lightning_after, timeout=120),
+    "docs/choosing_an_algorithm.md > Ask the model for your setting": Recipe(lambda rank, workdir: {}, _advise_check,
+                                                                             ranks=1, init=False),
     "docs/autotuning.md > Autotuning": Recipe(_model_and_loader(60), _autotune_check, _autotune_after, timeout=120),
     "docs/benchmarks.md > Bytes per step": Recipe(_model_and_loader(3), _bytes_check, _bytes_after),
     "docs/gpu.md > GPU": Recipe(_model_and_loader(4), _identical_weights, _weights_of("model"), init=False),
