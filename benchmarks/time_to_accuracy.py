@@ -427,7 +427,7 @@ def generated() -> tuple[str, Optional[str]]:
                      f"({replaced['from']}, {replaced['date']}), which evaluated the replicas' average; torch DDP's curve "
                      f"was the same in both, value for value.")
         parts.append(f"### {title}\n\n_Generated from `benchmarks/results/{path.name}` by `python "
-                     f"benchmarks/time_to_accuracy.py --report`._\n\n![validation loss](../benchmarks/figures/{path.stem}.png)"
+                     f"benchmarks/time_to_accuracy.py --report`._\n\n![validation loss](figures/{path.stem}.png)"
                      f"\n\n{text}")
         if run == "decay":
             module = measured_module(result, f"benchmarks/results/{path.name}")

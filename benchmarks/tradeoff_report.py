@@ -526,7 +526,7 @@ def guide_section(results: dict[str, Any], fit: Optional[dict[str, Any]], figure
             for v in measured_variants(results)]
     parts = [f"_Generated from `benchmarks/results/{Path(results_path(results.get('size', 'full'))).name}` by "
              "`python benchmarks/tradeoff.py --report`._", "", _facts(results), "",
-             f"![epoch time against bandwidth and latency](../benchmarks/figures/{figure})", "",
+             f"![epoch time against bandwidth and latency](figures/{figure})", "",
              "Speed against torch DDP (its epoch time over the variant's; above 1x is faster):", "",
              _table(["variant"] + [_label(results, k) for k in cols], rows), "", async_note(results, fit), "",
              accuracy_markdown()]
@@ -543,7 +543,7 @@ def guide_section(results: dict[str, Any], fit: Optional[dict[str, Any]], figure
         parts += ["", "At the paper's scale (128 GPUs on 16 machines, BERT-Large), epoch seconds, the paper's / the "
                   "model's (scenario B of RESULTS.md; a prediction):", "",
                   _table(["algorithm", *[f"{ln}" for ln in paper]], rows), "",
-                  "![the model at the paper's scale](../benchmarks/figures/tradeoff_paper.png)"]
+                  "![the model at the paper's scale](figures/tradeoff_paper.png)"]
     return "\n".join(parts)
 
 
