@@ -90,7 +90,8 @@ def save_checkpoint(
         model: a ``bagua.DistributedDataParallel`` or the module it wraps (its step and
             algorithm state are saved too either way), or a bare module; the weights are saved
             with the module's own keys.
-        optimizers, lr_schedulers: saved with their ``state_dict()`` (fused optimizers too).
+        optimizers: saved with their ``state_dict()`` (fused optimizers too).
+        lr_schedulers: saved with their ``state_dict()``.
         sampler: anything with ``state_dict()`` and ``load_state_dict()`` (bagua's samplers: the
             epoch's progress; torch's ``DistributedSampler`` has none: use
             ``bagua.data.ElasticDistributedSampler``).

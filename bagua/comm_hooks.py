@@ -60,6 +60,7 @@ logger = logging.getLogger(__name__)
 
 #: the algorithms a hook can send as (the wrapper's, whose options it takes)
 HOOK_ALGORITHMS = ("bytegrad", "onebit_grad")
+"""The algorithms the hook sends, by name (``CompressionHookState(algorithm)``)."""
 
 
 class CompressionHookState:

@@ -58,10 +58,13 @@ class BaguaStrategy(DDPStrategy):
         algorithm: a registered name (``bagua.algorithms.registered_names()``) or an
             ``Algorithm`` instance. ``"qadam"`` needs ``configure_optimizers`` to return exactly
             one ``bagua.optim.QAdamOptimizer`` (LR schedulers allowed).
-        bucket_size_bytes, find_unused_parameters, autotune: as for ``bagua.DistributedDataParallel``
-            (``autotune=True`` tunes during the first training steps; default ``BAGUA_AUTOTUNE``).
-        accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin,
-        process_group_backend, timeout: as for Lightning's ``DDPStrategy``.
+        bucket_size_bytes: as for ``bagua.DistributedDataParallel``.
+        find_unused_parameters: as for ``bagua.DistributedDataParallel``.
+        autotune: as for ``bagua.DistributedDataParallel`` (``True`` tunes during the first
+            training steps; default ``BAGUA_AUTOTUNE``).
+        accelerator: as for Lightning's ``DDPStrategy``; so are ``parallel_devices``,
+            ``cluster_environment``, ``checkpoint_io``, ``precision_plugin``,
+            ``process_group_backend`` and ``timeout``.
         **algorithm_kwargs: options of the named algorithm, e.g. ``hierarchical=True``.
 
     At the end of ``fit`` the synchronous algorithms (gradient_allreduce, bytegrad, qadam)
@@ -118,6 +121,7 @@ class BaguaStrategy(DDPStrategy):
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:
+        """Register this strategy in Lightning's ``strategy_registry`` as ``"bagua"``."""
         strategy_registry.register(
             cls.strategy_name, cls, description="Bagua's distributed algorithms (bagua.lightning)", override=True
         )
@@ -223,6 +227,7 @@ class BaguaStrategy(DDPStrategy):
         super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
 
     def load_optimizer_state_dict(self, checkpoint: dict[str, Any]) -> None:
+        """Lightning's optimizer states from ``checkpoint``, then the algorithm's state saved with them."""
         super().load_optimizer_state_dict(checkpoint)
         wrapper = self._wrapper
         if wrapper is not None and "bagua" in checkpoint:
@@ -289,8 +294,9 @@ class CommHook(pl.Callback):
     writes: on resume the other ranks' residuals restart at zero, with a warning.
 
     Args:
-        algorithm, **options: as ``bagua.comm_hooks.CompressionHookState`` (checked here, before
-            any rank starts).
+        algorithm: as ``bagua.comm_hooks.CompressionHookState`` (checked here, before any rank
+            starts).
+        **options: as ``bagua.comm_hooks.CompressionHookState`` (checked here too).
 
     Example::
 

@@ -100,6 +100,7 @@ class Bucket:
 
     @property
     def nbytes(self) -> int:
+        """The size of the bucket's flat buffer, in bytes."""
         return self.flat.nbytes
 
     def release(self) -> None:

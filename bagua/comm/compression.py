@@ -362,6 +362,7 @@ class Sign1(_BlockCodec):
 
 _CODECS: dict[str, type[Codec]] = {cls.name: cls for cls in (FP16, BF16, MinMaxUInt8, Sign1)}
 CODEC_NAMES: tuple[str, ...] = tuple(_CODECS)
+"""The codec names ``get_codec`` and the collectives' ``compression=`` take: ``("fp16", "bf16", "minmax_uint8", "sign1")``."""
 
 
 def get_codec(name_or_codec: Union[str, Codec]) -> Codec:

@@ -69,6 +69,7 @@ class BaguaProcessGroup:
 
     @property
     def size(self) -> int:
+        """The number of ranks in the group."""
         return len(self.ranks)
 
     @property

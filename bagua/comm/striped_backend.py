@@ -63,6 +63,7 @@ from . import stripes
 logger = logging.getLogger(__name__)
 
 BACKEND_NAME = "bagua"
+"""The name to give ``torch.distributed.init_process_group(backend=...)`` for striped connections (``"bagua"``)."""
 DEFAULT_STREAMS = 4
 _striped_in_process = [0]  # calls cut into pieces, over every "bagua" group of this process
 _warned_unknown_machines: list = []  # one warning a process when LOCAL_WORLD_SIZE is missing
@@ -216,6 +217,7 @@ class StripedProcessGroup(dist.ProcessGroup):
     # --- what torch asks of every process group -------------------------------------------
 
     def getBackendName(self) -> str:
+        """``"bagua"`` (torch asks every process group its backend's name)."""
         return BACKEND_NAME
 
     def _get_backend_name(self) -> str:

@@ -178,8 +178,9 @@ def fuse_optimizer(
         touched). ``step()`` keeps its behaviour; both may be mixed freely.
 
     Raises:
-        TypeError: not a torch optimizer. ValueError: already fused, or an optimizer whose update
-        depends on whole tensors (named in the message).
+        TypeError: not a torch optimizer.
+        ValueError: already fused, or an optimizer whose update depends on whole tensors (named in
+            the message).
 
     Example::
 

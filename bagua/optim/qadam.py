@@ -163,7 +163,10 @@ class QAdamOptimizer(torch.optim.Optimizer):
 
     Args:
         params: parameters or param groups.
-        lr, betas, eps, weight_decay: as ``torch.optim.Adam``.
+        lr: as ``torch.optim.Adam``.
+        betas: as ``torch.optim.Adam``.
+        eps: as ``torch.optim.Adam``.
+        weight_decay: as ``torch.optim.Adam``.
         decoupled_weight_decay: AdamW's weight decay (``x ← x·(1 − lr·wd)`` at each step, outside
             the momentum, as ``torch.optim.AdamW``) instead of the L2 term in the gradient.
         warmup_steps: steps of plain Adam (exact gradient averaging under ``QAdamAlgorithm``) before

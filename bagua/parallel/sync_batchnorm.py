@@ -128,8 +128,10 @@ class SyncBatchNorm(_BatchNorm):
 
     Args:
         num_features: ``C``.
-        eps, momentum, affine, track_running_stats: as in ``torch.nn.BatchNorm2d``
-            (``momentum=None``: cumulative moving average).
+        eps: as in ``torch.nn.BatchNorm2d``.
+        momentum: as in ``torch.nn.BatchNorm2d`` (``None``: cumulative moving average).
+        affine: as in ``torch.nn.BatchNorm2d``.
+        track_running_stats: as in ``torch.nn.BatchNorm2d``.
         process_group: the ranks whose batches are normalized together: a ``BaguaProcessGroup``
             or a ``torch.distributed`` group; default all ranks (the default group at forward time).
 

@@ -45,12 +45,15 @@ class Communicator:
 
     @property
     def ranks(self) -> list[int]:
+        """The global ranks in the communicator, in order."""
         return list(self.group.ranks)
 
     def rank(self) -> int:
+        """This process's rank in the communicator."""
         return self.group.rank
 
     def nranks(self) -> int:
+        """The number of ranks in the communicator."""
         return self.group.size
 
     def __repr__(self) -> str:
@@ -108,18 +111,22 @@ class BaguaProcessGroup:
         self._communicators: dict[tuple[int, ...], Union[Communicator, _NonMember]] = {}
 
     def get_global_communicator(self) -> Union[Communicator, _NonMember]:
+        """The communicator over all of ``ranks``."""
         return self._communicator(self.ranks)
 
     def get_intra_node_communicator(self) -> Union[Communicator, _NonMember]:
+        """The communicator over the group's ranks on this machine."""
         local_size, rank = native.get_local_size(), native.get_rank()
         return self._communicator([r for r in self.ranks if r // local_size == rank // local_size])
 
     def get_inter_node_communicator(self) -> Union[Communicator, _NonMember]:
+        """The communicator over the group's node leaders: one rank per machine, at the first rank's local rank."""
         local_size = native.get_local_size()
         return self._communicator([r for r in self.ranks if r % local_size == self.ranks[0] % local_size])
 
     @property
     def native(self) -> native.BaguaProcessGroup:
+        """The ``bagua.comm`` group of the global communicator (ValueError on a rank outside the group)."""
         comm = self.get_global_communicator()
         if not isinstance(comm, Communicator):
             raise ValueError(f"rank {native.get_rank()} is not in this process group (ranks {self.ranks})")

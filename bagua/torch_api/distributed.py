@@ -74,6 +74,7 @@ class BaguaModule:
 
     @property
     def bagua_ddp(self: Any) -> DistributedDataParallel:
+        """The ``bagua.torch_api.data_parallel.DistributedDataParallel`` that ``with_bagua`` made (AttributeError before)."""
         wrapper = open_wrapper(self)
         if wrapper is None:
             raise AttributeError(
@@ -83,14 +84,17 @@ class BaguaModule:
 
     @property
     def bagua_algorithm(self: Any) -> Any:
+        """The algorithm given to ``with_bagua``."""
         return self.bagua_ddp.algorithm
 
     @property
     def bagua_optimizers(self: Any) -> list:
+        """The optimizers given to ``with_bagua``."""
         return self.bagua_ddp.optimizers
 
     @property
     def bagua_buckets(self: Any) -> list:
+        """The communication buckets, as the original's ``BaguaBucket`` objects."""
         return self.bagua_ddp.bagua_buckets
 
     @property

@@ -13,13 +13,17 @@ from typing import Callable, Optional, Sequence
 
 import torch
 import torch.distributed
-from torch._utils import _flatten_dense_tensors as flatten
-from torch._utils import _unflatten_dense_tensors as unflatten
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 __all__ = [
     "apply_flattened_call", "apply_flattened_call_all", "check_contiguous", "flatten", "get_flattened_tensor",
     "unflatten",
 ]
+
+flatten = _flatten_dense_tensors
+"""``flatten(tensors)``: one contiguous 1-D tensor holding ``tensors`` (of one dtype) back to back."""
+unflatten = _unflatten_dense_tensors
+"""``unflatten(flat, tensors)``: tensors shaped as ``tensors``, in order, holding ``flat``'s values."""
 
 
 def apply_flattened_call(bucket: list[torch.Tensor], call: Callable, extra_args: Optional[Sequence] = None) -> None:

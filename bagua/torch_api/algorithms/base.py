@@ -56,6 +56,7 @@ class _AlgorithmRegistry(dict):
         return self[name]["algorithm"]
 
     def available_algorithms(self) -> list[str]:
+        """The registered names, in registration order."""
         return list(self)
 
     def __str__(self) -> str:
@@ -63,3 +64,4 @@ class _AlgorithmRegistry(dict):
 
 
 GlobalAlgorithmRegistry = _AlgorithmRegistry()
+"""The original's registry of algorithms by name: ``register(name, cls)``, ``get(name)``, ``available_algorithms()``."""

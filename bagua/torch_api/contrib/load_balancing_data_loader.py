@@ -28,8 +28,11 @@ class LoadBalancingDistributedSampler(data.LoadBalancingDistributedSampler):
     Args:
         dataset: the map-style dataset.
         complexity_fn: called on each sample; returns its complexity (a number).
-        num_replicas, rank: default the world size and this rank.
-        shuffle, seed, drop_last: as torch's ``DistributedSampler``.
+        num_replicas: default the world size.
+        rank: default this rank.
+        shuffle: as torch's ``DistributedSampler``.
+        seed: as torch's ``DistributedSampler``.
+        drop_last: as torch's ``DistributedSampler``.
         random_level: in [0, 1]; 0 balances best, larger values mix complexities more.
 
     Example::

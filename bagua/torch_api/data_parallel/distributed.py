@@ -54,22 +54,27 @@ class DistributedDataParallel(parallel.DistributedDataParallel):
 
     @property
     def bagua_algorithm(self) -> Algorithm:
+        """The algorithm the wrapper runs."""
         return self.algorithm
 
     @property
     def bagua_optimizers(self) -> list[torch.optim.Optimizer]:
+        """The wrapped optimizers."""
         return self.optimizers
 
     @property
     def bagua_buckets(self) -> list["BaguaBucket"]:
+        """The communication buckets, as the original's ``BaguaBucket`` objects."""
         return [BaguaBucket(bucket, self.impl) for bucket in self.buckets]
 
     @property
     def require_backward_grad_sync(self) -> bool:
+        """Whether the next backward communicates (False inside ``no_sync()``)."""
         return self._require_sync
 
     @property
     def parameters_to_ignore(self) -> list[str]:
+        """The names of the parameters the wrapper leaves alone, sorted."""
         return sorted(self.ignored)
 
     @property
