@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # (--dist loadgroup: a module marked xdist_group runs on one worker, so its module-scoped jobs run once)
 PYTEST_WORKERS ?= 2
 
-.PHONY: demo test bench bench-comm bench-smoke gpu-check system-deps clean
+.PHONY: demo test docs docs-deps docs-shots bench bench-comm bench-smoke gpu-check system-deps clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,30 @@ test: system-deps $(VENV)/.installed-test
 	$(PY) -m compileall -q bagua kernels lightning_bagua examples benchmarks tests >/dev/null
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
+# The documentation site into site/ (open site/index.html: it needs no server and no network), built in
+# strict mode from docs/ and bagua's docstrings (mkdocs.yml): a broken link or reference fails it.
+docs: docs-deps $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
+# Chromium, to look at the built site headless (make docs-shots); the test suite needs no browser.
+docs-deps:
+	@if ! command -v chromium >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			apt-get update -qq && apt-get install -y -qq chromium; \
+		else \
+			echo "note: chromium missing (only make docs-shots uses it)"; \
+		fi; \
+	fi
+
+# Screenshots of the site's home and one API page, as a reader's browser shows them, into $(SHOTS).
+SHOTS ?= site-shots
+docs-shots: docs
+	mkdir -p $(SHOTS)
+	for page in index api/parallel; do \
+		chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1280,1600 \
+			--screenshot="$(SHOTS)/$$(basename $$page).png" "file://$(CURDIR)/site/$$page.html" 2>/dev/null; \
+	done
+
 bench-comm: $(VENV)/.installed-bench
 	$(PY) benchmarks/comm.py
 
@@ -82,4 +106,4 @@ gpu-check:
 	$(PYTHON) benchmarks/gpu_check.py $(if $(OUT),--out $(OUT)) $(GPU_CHECK_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info site site-shots
