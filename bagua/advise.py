@@ -68,12 +68,20 @@ from typing import Optional, Sequence
 
 from .measured_accuracy import LONGEST, MEASURED, RESULTS, WORKLOAD
 
+__all__ = [
+    "ALGORITHMS", "SIGN1_BYTES_PER_ELEMENT", "UINT8_BYTES_PER_ELEMENT", "Collective", "Constants", "Link", "Prediction",
+    "allreduce_hops", "collective_time", "communication_pace", "cpu_slowdown", "default_buckets", "exposed_time",
+    "link_from_timings", "main", "measure_link", "message_pattern", "one_way_delays", "parse_bandwidth", "parse_count",
+    "predict", "predict_all", "rank_by_time_to_target", "steps_multipliers",
+]
+
 ALGORITHMS = ("torch-ddp", "torch-ddp-fp16", "gradient_allreduce", "bytegrad", "decentralized",
               "low_precision_decentralized", "async", "qadam", "qadam-1bit", "onebit_grad")
-#: MinMaxUInt8 on the wire: a byte per element and an fp32 (min, max) per 1024-element block
+"""The names the model knows: torch DDP (fp32, and with its fp16 compression hook) and bagua's algorithms."""
 UINT8_BYTES_PER_ELEMENT = 1 + 8 / 1024
-#: Sign1 on the wire (onebit_grad, qadam's ``bits=1``): a bit per element and an fp32 scale per 256-element block
+"""MinMaxUInt8 on the wire: a byte per element and an fp32 (min, max) per 1024-element block."""
 SIGN1_BYTES_PER_ELEMENT = 1 / 8 + 4 / 256
+"""Sign1 on the wire (onebit_grad, qadam's ``bits=1``): a bit per element and an fp32 scale per 256-element block."""
 #: gloo's ring allreduce keeps two segments of at most this many bytes in flight
 GLOO_SEGMENT_BYTES = 1 << 20
 BUCKET_BYTES = 25 << 20  # both wrappers' default bucket size
