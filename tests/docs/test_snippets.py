@@ -95,6 +95,7 @@ def _swaps_namespace(rank: int, workdir: str) -> dict:
 
 
 def _swaps_after(rank: int, ns: dict) -> dict:
+    ns["ds"].cache_loader.flush()  # the samples it buffers (20 at a time) are written
     bagua.comm.barrier()  # both ranks' samples are stored
     return {"weights": flat_params(ns["model"]), "cached": ns["ds"].cache_loader.num_keys()}
 
