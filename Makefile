@@ -80,21 +80,21 @@ docs-shots: docs
 	done
 
 bench-comm: $(VENV)/.installed-bench
-	$(PY) benchmarks/comm.py
+	$(PY) -m benchmarks.comm.allreduce
 
 # Every benchmark once at its smallest, in a scratch copy of the tree: stale scripts fail here (~5 min).
 bench-smoke: system-deps $(VENV)/.installed-bench
-	$(PY) benchmarks/smoke.py
+	$(PY) -m benchmarks.smoke
 
 # Every benchmark (about an hour on 2 cores; the network parts need root and iproute2).
 bench: system-deps $(VENV)/.installed-bench
-	$(PY) benchmarks/comm.py
-	$(PY) benchmarks/ddp.py
-	$(PY) benchmarks/stripes.py
-	$(PY) benchmarks/elastic.py
-	$(PY) benchmarks/cache.py
-	$(PY) benchmarks/sampler.py
-	$(PY) benchmarks/fused_optimizer.py
+	$(PY) -m benchmarks.comm.allreduce
+	$(PY) -m benchmarks.step.ddp
+	$(PY) -m benchmarks.comm.stripes
+	$(PY) -m benchmarks.scale.elastic
+	$(PY) -m benchmarks.data.cache
+	$(PY) -m benchmarks.data.sampler
+	$(PY) -m benchmarks.optim.fused
 
 # The GPU path in one run, on a machine with a CUDA GPU (about 5 minutes on an H100): every test
 # marked gpu, the Triton kernels against their references from 1 to 64M elements, the codec's and
@@ -103,7 +103,7 @@ bench: system-deps $(VENV)/.installed-bench
 # `pip install --no-deps --no-build-isolation -e .`) and writes gpu_check.json and gpu_check.md
 # into $(OUT) (default gpu_check_out). Exit 3: no GPU here; 4: a prerequisite is missing.
 gpu-check:
-	$(PYTHON) benchmarks/gpu_check.py $(if $(OUT),--out $(OUT)) $(GPU_CHECK_ARGS)
+	$(PYTHON) -m benchmarks.gpu.check $(if $(OUT),--out $(OUT)) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info site site-shots

@@ -161,7 +161,7 @@ class Constants:
 
     @classmethod
     def load(cls, path: str) -> "Constants":
-        """Constants from a JSON file (as ``benchmarks/tradeoff_fit.py`` writes: a "constants" key)."""
+        """Constants from a JSON file (as ``benchmarks/tradeoff/fit.py`` writes: a "constants" key)."""
         with open(path) as f:
             data = json.load(f)
         return cls(**data.get("constants", data))
@@ -288,10 +288,11 @@ def cpu_slowdown(processes: float, cores: float, background: float = 0.0, conten
     ``contention`` 1 is a scheduler that shares the cores evenly at no cost. Past one process a
     core the switches and the caches they evict cost more than the share: on the 2-core box of
     benchmarks/RESULTS.md the no-communication step at 8 and 16 ranks fits 1.32
-    (``benchmarks/machines_prediction.py`` fits it; the linear share had predicted 16 ranks' compute
-    at x3.4 of 4 ranks' where x4.8-5.3 was measured). Several ranks on one CPU machine stretch each
-    step's compute by this; scale a compute time measured at one rank count to another by the
-    ratio of the two. On a GPU each rank has its own device: leave compute as measured.
+    (``benchmarks/tradeoff/machines_prediction.py`` fits it; the linear share had predicted 16
+    ranks' compute at x3.4 of 4 ranks' where x4.8-5.3 was measured). Several ranks on one CPU
+    machine stretch each step's compute by this; scale a compute time measured at one rank count
+    to another by the ratio of the two. On a GPU each rank has its own device: leave compute as
+    measured.
 
     Example::
 
@@ -489,7 +490,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "the ranking is by the communication a step waits for, nothing hidden")
     p.add_argument("--backend", choices=("nccl", "gloo"), default=None,
                    help="how exact allreduces run (default nccl; measured: the job's)")
-    p.add_argument("--constants", default=None, help="fitted constants (JSON from benchmarks/tradeoff_fit.py)")
+    p.add_argument("--constants", default=None, help="fitted constants (JSON from benchmarks/tradeoff/fit.py)")
     p.add_argument("--probe-mb", type=float, default=16.0, help="large allreduce of the link measurement, MB")
     p.add_argument("--steps-multiplier", action="append", default=[], type=_typed(parse_multiplier),
                    metavar="ALGORITHM=X",

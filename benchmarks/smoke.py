@@ -5,13 +5,13 @@ Each script runs with tiny models and one repetition in a scratch copy of the ch
 (tracked and untracked, not ignored), so nothing in this tree changes: no figure, no results JSON,
 no RESULTS.md. A script fails the run when it exits non-zero or runs past its deadline; its
 output's tail is printed. The network-namespace ones need root and iproute2 and are reported as
-skipped without them. The GPU ones (``gpu_check.py``, ``codec_gpu.py``) are ``make gpu-check``'s;
-the fused optimizer's GPU section runs here through Triton's interpreter.
+skipped without them. The GPU ones (``benchmarks.gpu.check``, ``benchmarks.gpu.codec``) are
+``make gpu-check``'s; the fused optimizer's GPU section runs here through Triton's interpreter.
 
-Usage::
+Usage (from the repository root)::
 
-    python benchmarks/smoke.py               # all, ~10 minutes on 2 cores
-    python benchmarks/smoke.py --only ddp comm
+    python -m benchmarks.smoke               # all, ~10 minutes on 2 cores
+    python -m benchmarks.smoke --only ddp-loopback comm
 """
 
 from __future__ import annotations
@@ -27,18 +27,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _jobs import ROOT, netns_problem  # noqa: E402
+from benchmarks.jobs import ROOT, worker
+from benchmarks.network import requirements_problem
 
 TINY_MLP = "64-64x2-10"
 
 
 @dataclass(frozen=True)
 class Smoke:
-    """One benchmark's smallest run: ``args`` after ``python benchmarks/<script>``."""
+    """One benchmark's smallest run: ``args`` after ``python -m <module>``."""
 
     name: str
-    script: str
+    module: str
     args: tuple[str, ...]
     netns: bool = False  # needs root and iproute2 (shaped links)
     env: dict[str, str] = field(default_factory=dict)
@@ -46,44 +46,59 @@ class Smoke:
 
 
 SMOKES = (
-    Smoke("cache", "cache.py", ("--quick", "--repeat", "1")),
-    Smoke("sampler", "sampler.py", ("--quick",)),
-    Smoke("wrapper_overhead", "wrapper_overhead.py", ("--steps", "5", "--rounds", "1")),
-    Smoke("fused_optimizer", "fused_optimizer.py",
+    # data
+    Smoke("cache", "benchmarks.data.cache", ("--quick", "--repeat", "1")),
+    Smoke("sampler", "benchmarks.data.sampler", ("--quick",)),
+    Smoke("lm_sampler", "benchmarks.data.lm_sampler",
+          ("--ranks", "2", "--steps", "3", "--layers", "1", "--width", "32", "--context", "16")),
+    # optim
+    Smoke("fused_optimizer", "benchmarks.optim.fused",
           ("--section", "cpu", "--reps", "2", "--cpu-tensors", "14", "--cpu-elems", "20000")),
-    Smoke("fused_optimizer-gpu-interpreted", "fused_optimizer.py",
+    Smoke("fused_optimizer-gpu-interpreted", "benchmarks.optim.fused",
           ("--section", "gpu", "--gpu-dry-run-cpu", "--gpu-tensors", "14", "--gpu-elems", "2000"),
           env={"TRITON_INTERPRET": "1"}),
-    Smoke("lm_sampler", "lm_sampler.py", ("--ranks", "2", "--steps", "3", "--layers", "1", "--width", "32",
-                                          "--context", "16")),
-    Smoke("stripes", "stripes.py", ("--settings", "loopback", "--sizes", "1MB", "--calls", "1", "--repeat", "1")),
-    Smoke("lightning_strategy", "lightning_strategy.py",
+    # step
+    Smoke("wrapper_overhead", "benchmarks.step.wrapper_overhead", ("--steps", "5", "--rounds", "1")),
+    Smoke("lightning_strategy", "benchmarks.step.lightning_strategy",
           ("--parts", "loopback", "--steps", "3", "--reps", "1", "--epochs", "2", "--mlp", TINY_MLP)),
-    Smoke("ddp-loopback", "ddp.py", ("--parts", "loopback", "--mlp", TINY_MLP, "--reps", "1", "--block", "2")),
-    Smoke("elastic", "elastic.py", ("--trials", "1", "--c10d-trials", "1", "--interval", "2")),
-    Smoke("comm", "comm.py", ("--sizes", "64KB", "--ranks", "2", "--rates", "100mbit", "--netns-ranks", "2",
-                              "--seconds-per-size", "1", "--min-reps", "1", "--max-reps", "2"), netns=True),
-    Smoke("p2p_pieces", "netns.py", ("--ranks", "2", "--rate", "100mbit", "--", "{python}",
-                                     "benchmarks/p2p_pieces.py", "--rate-mbit", "100", "--repeat", "1"), netns=True),
-    Smoke("ddp-network", "ddp.py", ("--parts", "network", "--rates", "100mbit", "--net-mlp", TINY_MLP,
-                                    "--net-reps", "1", "--net-block", "2"), netns=True),
-    Smoke("compressed_breakdown", "compressed_breakdown.py",
+    Smoke("ddp-loopback", "benchmarks.step.ddp",
+          ("--parts", "loopback", "--mlp", TINY_MLP, "--reps", "1", "--block", "2")),
+    Smoke("ddp-network", "benchmarks.step.ddp",
+          ("--parts", "network", "--rates", "100mbit", "--net-mlp", TINY_MLP, "--net-reps", "1", "--net-block", "2"),
+          netns=True),
+    Smoke("autotune", "benchmarks.step.autotune",
+          ("--rates", "100mbit", "--algorithms", "bytegrad", "--grid-steps", "1", "--check-steps", "1",
+           "--check-rounds", "1", "--mlp", TINY_MLP), netns=True),
+    Smoke("compiled_overlap", "benchmarks.step.compiled_overlap",
+          ("--mlp", TINY_MLP, "--rounds", "1", "--reps", "1", "--block", "2", "--warmup", "2"), netns=True),
+    Smoke("hf_trainer", "benchmarks.step.hf_trainer",
+          ("--hooks", "none", "bytegrad", "--steps", "3", "--skip", "1", "--reps", "1", "--max-files", "20"),
+          netns=True),
+    # scale
+    Smoke("elastic", "benchmarks.scale.elastic", ("--trials", "1", "--c10d-trials", "1", "--interval", "2")),
+    Smoke("scale_check", "benchmarks.scale.check",
+          ("--layouts", "2x2", "--steps", "2", "--variants", "torch-ddp", "gradient_allreduce-hier", "bytegrad-hier",
+           "decentralized-shift_one")),
+    # comm
+    Smoke("stripes", "benchmarks.comm.stripes",
+          ("--settings", "loopback", "--sizes", "1MB", "--calls", "1", "--repeat", "1")),
+    Smoke("comm", "benchmarks.comm.allreduce",
+          ("--sizes", "64KB", "--ranks", "2", "--rates", "100mbit", "--netns-ranks", "2", "--seconds-per-size", "1",
+           "--min-reps", "1", "--max-reps", "2"), netns=True),
+    Smoke("p2p_pieces", "benchmarks.network.netns",
+          ("--ranks", "2", "--rate", "100mbit", "--", "{python}", "-m", "benchmarks.comm.p2p_pieces", "--rate-mbit",
+           "100", "--repeat", "1"), netns=True),
+    Smoke("compressed_breakdown", "benchmarks.comm.compressed_breakdown",
           ("--ranks", "4", "--rate", "100mbit", "--algorithm", "qadam", "--mlp", "256-256x2-10", "--reps", "1"),
           netns=True),
-    Smoke("autotune", "autotune.py", ("--rates", "100mbit", "--algorithms", "bytegrad", "--grid-steps", "1",
-                                      "--check-steps", "1", "--check-rounds", "1", "--mlp", TINY_MLP), netns=True),
-    Smoke("time_to_accuracy", "time_to_accuracy.py",
+    # accuracy, tradeoff
+    Smoke("time_to_accuracy", "benchmarks.accuracy.time_to_accuracy",
           ("--quick", "--links", "1gbit", "--variants", "torch-ddp", "qadam1"), netns=True),
-    Smoke("compiled_overlap", "compiled_overlap.py", ("--mlp", TINY_MLP, "--rounds", "1", "--reps", "1", "--block", "2",
-                                                      "--warmup", "2"), netns=True),
-    Smoke("tradeoff", "tradeoff.py", ("--quick", "--fresh", "--settings", "bw-100mbit", "--only", "ddp", "bytegrad"),
+    Smoke("tradeoff", "benchmarks.tradeoff.sweep",
+          ("--quick", "--fresh", "--settings", "bw-100mbit", "--only", "ddp", "bytegrad"), netns=True),
+    Smoke("machines_prediction", "benchmarks.tradeoff.machines_prediction", ("--held-out",)),
+    Smoke("machines", "benchmarks.tradeoff.machines", ("--size", "comm-bound", "--reps", "1", "--block", "1"),
           netns=True),
-    Smoke("machines_prediction", "machines_prediction.py", ("--held-out",)),
-    Smoke("machines", "machines.py", ("--size", "comm-bound", "--reps", "1", "--block", "1"), netns=True),
-    Smoke("scale_check", "scale_check.py", ("--layouts", "2x2", "--steps", "2", "--variants", "torch-ddp",
-                                            "gradient_allreduce-hier", "bytegrad-hier", "decentralized-shift_one")),
-    Smoke("hf_trainer", "hf_trainer.py", ("--hooks", "none", "bytegrad", "--steps", "3", "--skip", "1", "--reps", "1",
-                                          "--max-files", "20"), netns=True),
 )
 
 
@@ -100,8 +115,7 @@ def scratch_copy(dest: Path) -> None:
 
 def run_one(smoke: Smoke, copy: Path) -> tuple[str, float, str]:
     """(status, seconds, output tail) of one smoke run in ``copy``."""
-    cmd = [sys.executable, f"benchmarks/{smoke.script}",
-           *(a.replace("{python}", sys.executable) for a in smoke.args)]
+    cmd = worker(smoke.module, *(a.replace("{python}", sys.executable) for a in smoke.args))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **smoke.env}
     t0 = time.monotonic()
     try:
@@ -115,11 +129,11 @@ def run_one(smoke: Smoke, copy: Path) -> tuple[str, float, str]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     names = [s.name for s in SMOKES]
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.split("\n\n")[0])
     p.add_argument("--only", nargs="+", choices=names, metavar="NAME", help=f"run only these: {' '.join(names)}")
     args = p.parse_args(argv)
     chosen = [s for s in SMOKES if args.only is None or s.name in args.only]
-    problem = netns_problem() if any(s.netns for s in chosen) else None
+    problem = requirements_problem() if any(s.netns for s in chosen) else None
     failed = []
     with tempfile.TemporaryDirectory(prefix="bagua-bench-smoke-") as tmp:
         copy = Path(tmp)

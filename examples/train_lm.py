@@ -26,8 +26,8 @@ one directory to see them side by side.
 
 On one machine, compression (``--algorithm bytegrad``) trains slower than ``gradient_allreduce``:
 loopback moves bytes for free and the codec costs CPU. Its gain is in the bytes: the evaluation
-lines show them and their time on a 100 Mbit/s link; ``benchmarks/netns.py`` (root) runs the
-example on emulated machines behind such a link. Validation runs on a fixed set of held-out documents split across ranks; for algorithms that
+lines show them and their time on a 100 Mbit/s link; ``python -m benchmarks.network.netns`` (root)
+runs the example on emulated machines behind such a link. Validation runs on a fixed set of held-out documents split across ranks; for algorithms that
 leave replicas apart (decentralized, low_precision_decentralized, async) every evaluation is of the
 replicas' average (what stopping the run there would give), the replicas themselves kept.
 """

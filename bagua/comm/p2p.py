@@ -4,8 +4,8 @@ Gloo sends a message only once the receiver has announced the matching receive, 
 announcement queues behind whatever the receiver is already sending: over a slow, busy link it
 arrives late and the sender idles. Gloo's own alltoall and allgather post one message per peer
 as they go, and on a 100 Mbit/s link behaved as if it were half-duplex (a 16 MB fp16
-exchange: 1.42 s; the same bytes posted here: 0.85 s; ``benchmarks/p2p_pieces.py`` times the
-piece sizes). So messages travel in pieces of at most 512 KB, and a caller posts all its
+exchange: 1.42 s; the same bytes posted here: 0.85 s; ``benchmarks/comm/p2p_pieces.py`` times
+the piece sizes). So messages travel in pieces of at most 512 KB, and a caller posts all its
 receives first (``post_all(dist.irecv, ...)``), then its sends.
 
 Example::

@@ -58,7 +58,7 @@ __all__ = ["fuse_optimizer", "fused_update_count", "is_fused_optimizer", "Flatte
 # Elements per chunk of the optimizer's own step on CPU flat buffers: Adam's operands and
 # temporaries for 256K fp32 elements (~6 MiB) stay in the L3 cache between the passes of a
 # multi-pass step, and a chunk is long enough that per-op overhead and the split over threads
-# stay small. Chosen with benchmarks/fused_optimizer.py (see benchmarks/results/).
+# stay small. Chosen with benchmarks/optim/fused.py (see benchmarks/results/).
 CPU_CHUNK_ELEMS = 1 << 18
 # Optimizers with a single-pass fused CPU implementation in torch: on CPU flat buffers fuse_step
 # runs that implementation (group["fused"] set for the call) instead of chunks of the multi-pass

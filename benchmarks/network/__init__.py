@@ -6,10 +6,12 @@
 - ``delay_line`` and ``router``: one-way latency, a userspace delay line on a TUN device in a
   router namespace (this kernel has no netem)
 - ``probes``: programs run as the ranks to measure the links (TCP throughput, UDP one-way delay)
-- ``shaped_network``: :class:`ShapedNetwork`, which builds it all and runs the ranks
-- ``rank_jobs``: the ranks' processes of one job, started together, watched, stopped, reported
+- ``shaped_network``: :class:`ShapedNetwork`, which builds it all and runs the ranks (with
+  ``benchmarks.jobs.RankJob``: started together, watched, stopped, reported), and what a rank
+  reads of its own link (``tx_bytes_reader``)
+- ``netns``: the command line (``python -m benchmarks.network.netns --ranks 2 -- python x.py``)
 
-``benchmarks/netns.py`` is its command line. Needs root and iproute2; standard library only.
+Needs root and iproute2; standard library only.
 
 Example::
 
@@ -19,9 +21,9 @@ Example::
 """
 
 from .delay_line import Delay
-from .namespaces import IFNAME_IN_NS, MAX_RANKS, PREFIX, NetnsError, check_requirements, cleanup_stale
-from .rank_jobs import RankFailedError, RankJob, RankTimeoutError
-from .shaped_network import DEFAULT_MASTER_PORT, DEFAULT_TCP_CC, DEFAULT_TIMEOUT, ShapedNetwork
+from .namespaces import (IFNAME_IN_NS, MAX_RANKS, PREFIX, NetnsError, check_requirements, cleanup_stale,
+                         requirements_problem)
+from .shaped_network import DEFAULT_MASTER_PORT, DEFAULT_TCP_CC, DEFAULT_TIMEOUT, ShapedNetwork, tx_bytes_reader
 from .shaping import Shaping, format_rate, parse_rate, shaping_for, tcp_buffer_bytes
 
 __all__ = [
@@ -33,15 +35,14 @@ __all__ = [
     "MAX_RANKS",
     "NetnsError",
     "PREFIX",
-    "RankFailedError",
-    "RankJob",
-    "RankTimeoutError",
     "ShapedNetwork",
     "Shaping",
     "check_requirements",
     "cleanup_stale",
     "format_rate",
     "parse_rate",
+    "requirements_problem",
     "shaping_for",
     "tcp_buffer_bytes",
+    "tx_bytes_reader",
 ]

@@ -72,6 +72,15 @@ def check_requirements() -> None:
         )
 
 
+def requirements_problem() -> str | None:
+    """Why the emulated network cannot run here (not root, no iproute2...), or None."""
+    try:
+        check_requirements()
+    except NetnsError as e:
+        return str(e)
+    return None
+
+
 def _cmd(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run(list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if check and proc.returncode != 0:

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Probes of an emulated network, run as its ranks: TCP throughput and UDP one-way delay.
 
-Run them as the ranks of ``benchmarks/netns.py`` (they read RANK, WORLD_SIZE, MASTER_ADDR and
-MASTER_PORT); every rank > 0 probes rank 0. Standard library only, so they run as scripts.
+Run them as the ranks of ``python -m benchmarks.network.netns`` (they read RANK, WORLD_SIZE,
+MASTER_ADDR and MASTER_PORT); every rank > 0 probes rank 0. Standard library only, so they run as
+scripts.
 
 ``tcp``: the senders connect ``--connections`` each, wait ``--settle`` seconds (so that a
 per-flow-capped link's watcher has given every connection its leaf), then send ``--megabytes``
@@ -23,9 +24,9 @@ stamps its receive time and echoes them; the sender prints the one-way delays, t
 
 CLI::
 
-    python benchmarks/netns.py --ranks 2 --rate 1gbit --per-flow-rate 250mbit -- \\
+    python -m benchmarks.network.netns --ranks 2 --rate 1gbit --per-flow-rate 250mbit -- \\
         python benchmarks/network/probes.py tcp --connections 8 --megabytes 16
-    python benchmarks/netns.py --ranks 2 --delay 20 -- python benchmarks/network/probes.py udp
+    python -m benchmarks.network.netns --ranks 2 --delay 20 -- python benchmarks/network/probes.py udp
 """
 
 from __future__ import annotations

@@ -34,14 +34,15 @@ import os
 import random
 import signal
 import threading
-from typing import IO, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Callable, Mapping, Sequence
 
+from ..jobs import RankJob
 from .delay_line import Delay
 from .flows import FlowShaping, FlowShapingError, FlowWatcher, Link
 from .namespaces import (IFNAME_IN_NS, MAX_RANKS, PREFIX, SUBNET_BASE, NetnsError, _IFNAMSIZ, _cmd,
                          _counter, _counter_lock, _kill_netns_pids, allow_congestion_control, _link_exists, _list_netns,
                          check_requirements, write_sysctls)
-from .rank_jobs import RankJob
 from .router import GATEWAY, Router
 from .shaping import Shaping, parse_rate, tcp_buffer_bytes
 
@@ -328,7 +329,7 @@ class ShapedNetwork:
                 msg = (
                     f"teardown of {self.prefix}* incomplete: {'; '.join(problems)} "
                     f"leftovers: {leftovers}; remove them with "
-                    f"`python benchmarks/netns.py --cleanup --all`"
+                    f"`python -m benchmarks.network.netns --cleanup --all`"
                 )
                 if raise_on_leftovers:
                     raise NetnsError(msg)
@@ -411,7 +412,7 @@ class ShapedNetwork:
         echo: bool = True,
         env: Mapping[str, str] | None = None,
     ) -> list[int | None]:
-        """Start ``cmd`` once per namespace and wait for all ranks (``rank_jobs.run_ranks``).
+        """Start ``cmd`` once per namespace and wait for all ranks (``benchmarks.jobs.RankJob``).
 
         Rank 0's output (stdout and stderr) is streamed to ``stream`` (default ``sys.stdout``);
         the others' output is kept and shown only when one fails. As soon as a rank fails, or
@@ -431,7 +432,8 @@ class ShapedNetwork:
         Returns:
             the exit status of each rank (all 0 when check=True).
         Raises:
-            RankFailedError: a rank exited non-zero; RankTimeoutError: the timeout passed.
+            RankFailedError: a rank exited non-zero; RankTimeoutError: the timeout passed
+            (both from ``benchmarks.jobs``).
         """
         if not self._up:
             raise NetnsError("the network is not set up; use `with ShapedNetwork(...) as net:`")
@@ -452,3 +454,19 @@ class ShapedNetwork:
             f"delay={self.delay or 'none'}, tcp_cc={self.tcp_cc!r}, "
             f"prefix={self.prefix!r}, subnet=10.213.{self.subnet}.0/24)"
         )
+
+
+def tx_bytes_reader() -> Callable[[], int] | None:
+    """In a rank: a function returning its interface's tx byte count, or None where not its own.
+
+    Only on an emulated machine of one rank (``GLOO_SOCKET_IFNAME`` set by ``rank_env``,
+    ``LOCAL_WORLD_SIZE=1``) is the interface this rank's alone; on loopback every rank (and
+    everything else on the machine) shares ``lo``.
+    """
+    ifname = os.environ.get("GLOO_SOCKET_IFNAME")
+    if not ifname or os.environ.get("LOCAL_WORLD_SIZE") != "1":
+        return None
+    path = Path("/sys/class/net") / ifname / "statistics" / "tx_bytes"
+    if not path.exists():
+        return None
+    return lambda: int(path.read_text())

@@ -10,14 +10,15 @@ import sys
 import pytest
 import torch
 
-from benchmarks import gpu_check
+from benchmarks.gpu import check as gpu_check
+from benchmarks.jobs import ROOT
 
-SCRIPT = [sys.executable, "benchmarks/gpu_check.py"]
+SCRIPT = [sys.executable, "-m", "benchmarks.gpu.check"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the exit without a GPU")
 def test_without_a_gpu_it_exits_at_once_with_its_own_code(tmp_path):
-    res = subprocess.run([*SCRIPT, "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    res = subprocess.run([*SCRIPT, "--out", str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert res.returncode == gpu_check.EXIT_NO_GPU == 3
     assert "no CUDA GPU" in res.stderr
     assert not (tmp_path / "gpu_check.json").exists()
@@ -72,7 +73,7 @@ def test_report_names_failed_checks_missed_targets_and_broken_sections(tmp_path)
 
 def test_a_section_runs_end_to_end_on_cpu_through_the_interpreter(tmp_path):
     res = subprocess.run([*SCRIPT, "--dry-run-cpu", "--sections", "kernels", "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=280)
+                         capture_output=True, text=True, timeout=280, cwd=ROOT)
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     kernels = report["sections"]["kernels"]
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

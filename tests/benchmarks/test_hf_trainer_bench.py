@@ -1,15 +1,11 @@
-"""benchmarks/hf_trainer.py's report: each hook's step time is the median of its jobs' medians after
+"""benchmarks/step/hf_trainer.py's report: each hook's step time is the median of its jobs' medians after
 the skipped steps, and the speed-up is the plain Trainer's over it, with the target's verdict."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import hf_trainer  # noqa: E402
+from benchmarks.step import hf_trainer
 
 
 def _record(first: float, rest: float, loss: float = 3.0) -> dict:

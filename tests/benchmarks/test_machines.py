@@ -1,17 +1,15 @@
-"""benchmarks/machines.py's report: epochs from a job's rows, the ratio to torch DDP, the model's
+"""benchmarks/tradeoff/machines.py's report: epochs from a job's rows, the ratio to torch DDP, the model's
 error per variant and the targets' verdicts; machines_prediction.py: the model's points."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import machines  # noqa: E402
-import machines_prediction  # noqa: E402
+from benchmarks.records import RESULTS
+from benchmarks.tradeoff import machines, machines_prediction
 
 
 def _job(step_s: dict[str, float]) -> dict:
@@ -83,7 +81,7 @@ def test_the_comm_bound_report_sets_the_ratio_beside_the_ceiling_of_its_bytes():
 
 def recorded(name: str) -> dict:
     """A results file as committed."""
-    return json.loads((Path(machines_prediction.__file__).parent / "results" / name).read_text())
+    return json.loads((RESULTS / name).read_text())
 
 
 def test_the_router_fit_recovers_a_known_cost_per_message_between_machines():

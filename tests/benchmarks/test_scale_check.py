@@ -1,16 +1,13 @@
-"""benchmarks/scale_check.py: its checks fail where they should (synthetic records), and a real
+"""benchmarks/scale/check.py: its checks fail where they should (synthetic records), and a real
 16-rank job (8 machines x 2 ranks on loopback) of a subset of the algorithms passes them."""
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import scale_check  # noqa: E402
+from benchmarks.scale import check as scale_check
 
 pytestmark = pytest.mark.xdist_group("scale_check")  # 16 processes: alone on a worker
 

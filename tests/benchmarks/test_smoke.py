@@ -1,29 +1,46 @@
-"""``make bench-smoke`` (benchmarks/smoke.py) runs every benchmark script: a script added without
-a smoke entry, or one whose entry names a file that is gone, fails here."""
+"""``make bench-smoke`` (benchmarks/smoke.py) runs every benchmark: a runnable module added without a
+smoke entry, or an entry that names a module that is gone, fails here."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import smoke  # noqa: E402
+from benchmarks import smoke
 
 BENCHMARKS = Path(smoke.__file__).resolve().parent
-#: runnable scripts smoke.py does not start itself, and why
+#: runnable modules smoke.py does not start itself, and why
 NOT_SMOKED = {
-    "smoke.py": "the runner itself",
-    "gpu_check.py": "make gpu-check's (a GPU)",
-    "codec_gpu.py": "make gpu-check's (a GPU)",
-    "netns.py": "the emulated network every netns entry runs through",
-    "tradeoff_report.py": "tradeoff.py's report, which the tradeoff entry runs",
+    "benchmarks.smoke": "the runner itself",
+    "benchmarks.gpu.check": "make gpu-check's (a GPU)",
+    "benchmarks.gpu.codec": "make gpu-check's (a GPU)",
+    "benchmarks.tradeoff.report": "the sweep's report, which the tradeoff entry runs",
+    "benchmarks.performance": "the performance page's generator, whose check tests/docs/test_figures.py runs",
+    "benchmarks.network.probes": "the emulated network's probes, which tests/comm runs as ranks",
+    "benchmarks.network.delay_line": "the emulated network's delay line, which every --delay starts",
 }
 
 
+def module_name(path: Path) -> str:
+    """``benchmarks/step/ddp.py`` -> ``benchmarks.step.ddp``; a package's ``__main__.py``: the package."""
+    parts = path.relative_to(BENCHMARKS.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__main__" else parts)
+
+
+def runnable_modules() -> set[str]:
+    return {module_name(p) for p in BENCHMARKS.rglob("*.py")
+            if p.name == "__main__.py" or 'if __name__ == "__main__"' in p.read_text()}
+
+
 def test_every_runnable_benchmark_has_its_smallest_run_in_smoke():
-    runnable = {p.name for p in BENCHMARKS.glob("*.py") if "__main__" in p.read_text()}
-    smoked = {entry.script for entry in smoke.SMOKES}
-    smoked |= {arg.removeprefix("benchmarks/") for entry in smoke.SMOKES for arg in entry.args if arg.endswith(".py")}
+    runnable = runnable_modules()
+    smoked = {entry.module for entry in smoke.SMOKES}
+    smoked |= {entry.args[i + 1] for entry in smoke.SMOKES for i, arg in enumerate(entry.args[:-1]) if arg == "-m"}
     assert runnable - smoked - set(NOT_SMOKED) == set()
-    assert smoked <= runnable  # no entry names a script that is gone
+    assert smoked <= runnable  # no entry names a module that is gone
     assert set(NOT_SMOKED) <= runnable
+
+
+def test_the_module_names_are_those_python_m_runs():
+    assert module_name(BENCHMARKS / "step" / "ddp.py") == "benchmarks.step.ddp"
+    assert module_name(BENCHMARKS / "performance" / "__main__.py") == "benchmarks.performance"
+    assert {"benchmarks.step.ddp", "benchmarks.network.netns", "benchmarks.performance"} <= runnable_modules()

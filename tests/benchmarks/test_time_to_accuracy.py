@@ -1,4 +1,4 @@
-"""benchmarks/time_to_accuracy.py: variant specs, the analysis of curves, and the figures that the
+"""benchmarks/accuracy/time_to_accuracy.py: variant specs, the analysis of curves, and the figures that the
 guide and ``bagua.advise`` show, which must be those of the results files."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import time_to_accuracy as tta
+from benchmarks.accuracy import time_to_accuracy as tta
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""The tradeoff study's plumbing (benchmarks/tradeoff.py, tradeoff_fit.py, tradeoff_report.py): the
+"""The tradeoff study's plumbing (benchmarks/tradeoff/: sweep.py, fit.py, report.py): the
 fit recovers known constants from synthetic step times (noise-free and noisy) and predicts held-out
 settings, its worst held-out error flags a step the model cannot explain, the report's targets and
 slopes, the figures' data, resuming and merging runs, and one real worker job on 2 ranks."""
@@ -11,17 +11,16 @@ import random
 import re
 import sys
 from dataclasses import asdict
-from pathlib import Path
 
 import pytest
 
 from bagua.advise import Constants, Link, communication_pace, predict
 from tests.harness import run_command
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import tradeoff  # noqa: E402
-import tradeoff_fit  # noqa: E402
-import tradeoff_report  # noqa: E402
+from benchmarks.records import FIGURES, RESULTS
+from benchmarks.tradeoff import fit as tradeoff_fit
+from benchmarks.tradeoff import report as tradeoff_report
+from benchmarks.tradeoff import sweep as tradeoff_sweep
 
 MB13 = 12_966_912
 TRUE = Constants(latency_factor=1.5, efficiency=0.8, compressed_efficiency=0.7, exchange_efficiency=0.6)
@@ -33,15 +32,15 @@ def synthetic_results(size: str = "full") -> dict:
     """A results file whose every step time is the model's, with ``TRUE`` constants (communication at
     the ranks' share of the 2 cores while they compute)."""
     settings = {}
-    for s in tradeoff.SETTINGS:
+    for s in tradeoff_sweep.SETTINGS:
         rate = float(s.rate.replace("gbit", "e9").replace("mbit", "e6"))
         variants = {}
-        for name in tradeoff.VARIANTS:
+        for name in tradeoff_sweep.VARIANTS:
             algo = tradeoff_fit.ADVISE_NAME.get(name, name)
             compute = COMPUTE[algo] * (2 if s.ranks == 8 else 1)  # twice the processes on 2 idle cores
             step = predict(algo, [MB13], s.ranks, Link(rate, (s.delay_ms or 0) / 1e3), compute, TRUE,
                            pace=communication_pace(s.ranks, 2)).step_s
-            variants[name] = {"epoch_s": step * s.reps * s.block, "buckets": [MB13], **tradeoff.messages_per_step(name, [MB13], s.ranks)}
+            variants[name] = {"epoch_s": step * s.reps * s.block, "buckets": [MB13], **tradeoff_sweep.messages_per_step(name, [MB13], s.ranks)}
         job = {"world": s.ranks, "reps": s.reps, "block": s.block, "params": MB13 // 4, "variants": variants, "diverged": {},
                "model_flags": ["--layers", "4"], "tokens_per_batch": [260], "warmup": 1, "tcp_cc": "cubic", "elapsed_s": 1.0}
         settings[s.key] = {"setting": asdict(s), "rate_bit": rate, "date": "2026-11-26 12:00", "job": job}
@@ -147,10 +146,10 @@ def test_the_report_measures_the_targets_and_slopes():
     results = synthetic_results()
     epochs = tradeoff_report.epochs(results)
     assert epochs["bw-10mbit"]["ddp"] == pytest.approx(
-        tradeoff.EPOCH_STEPS * predict("torch-ddp", [MB13], 4, Link(10e6), COMPUTE["torch-ddp"], TRUE).step_s)
+        tradeoff_sweep.EPOCH_STEPS * predict("torch-ddp", [MB13], 4, Link(10e6), COMPUTE["torch-ddp"], TRUE).step_s)
     slopes = tradeoff_report.latency_slopes(results)
     # latency adds delays x factor x ms per step where nothing hides it: DDP's 12 hops, a round trip each on Gloo
-    assert slopes["ddp"] == pytest.approx(tradeoff.EPOCH_STEPS * 2 * 12 * 1.5e-3, rel=0.05)
+    assert slopes["ddp"] == pytest.approx(tradeoff_sweep.EPOCH_STEPS * 2 * 12 * 1.5e-3, rel=0.05)
     assert slopes["async"] == pytest.approx(0.0, abs=1e-9)
     found = {t["what"]: t for t in tradeoff_report.targets(results)}
     ddp_slope = found["DDP log-log slope, 100 -> 10 Mbit/s"]["value"]
@@ -189,11 +188,11 @@ def test_figures_draw_the_results_and_the_fitted_model(tmp_path):
     left, right = tradeoff_report.plot(results, fit, tmp_path / "t.png").axes
     assert (left.get_xscale(), left.get_yscale(), right.get_xscale(), right.get_yscale()) == ("log", "log", "linear", "linear")
     assert "bandwidth" in left.get_xlabel() and "latency" in right.get_xlabel()
-    assert all(ax.get_ylabel() == f"epoch time, s ({tradeoff.EPOCH_STEPS} steps)" for ax in (left, right))
+    assert all(ax.get_ylabel() == f"epoch time, s ({tradeoff_sweep.EPOCH_STEPS} steps)" for ax in (left, right))
     epochs = tradeoff_report.epochs(results)
     bandwidth = sorted((r["rate_bit"] / 1e6, k) for k, r in results["settings"].items() if r["setting"]["sweep"] == "bandwidth")
     for ax, sweep, log in ((left, bandwidth, True), (right, tradeoff_report.latency_sweep(results), False)):
-        for name in tradeoff.VARIANTS:
+        for name in tradeoff_sweep.VARIANTS:
             x, y = _drawn(ax, tradeoff_report.COLORS[name], "-")
             assert x == [at for at, _ in sweep] and y == [epochs[k][name] for _, k in sweep], name
             assert tradeoff_report.LABELS[name] in [ln.get_label() for ln in ax.get_lines()]
@@ -222,31 +221,31 @@ def test_figures_draw_the_results_and_the_fitted_model(tmp_path):
 
 def test_a_run_resumes_and_a_rerun_of_some_variants_merges():
     results = {"settings": {}}
-    first, second = tradeoff.SETTINGS[:2]
+    first, second = tradeoff_sweep.SETTINGS[:2]
     job = {"variants": {"ddp": {"epoch_s": 1.0}, "bytegrad": {"epoch_s": 0.5}}, "diverged": {"qadam": "NaN"}, "elapsed_s": 10.0}
-    tradeoff.merge(results, first, job, 1e9)
-    all_variants = list(tradeoff.VARIANTS)
-    assert tradeoff.plan([first, second], results, ["ddp", "bytegrad"], named=False, only=False) == [second]
-    assert tradeoff.plan([first, second], results, all_variants, named=False, only=False) == [first, second]
-    tradeoff.merge(results, first, {"variants": {"qadam": {"epoch_s": 0.7}}, "diverged": {}, "elapsed_s": 5.0}, 1e9)
+    tradeoff_sweep.merge(results, first, job, 1e9)
+    all_variants = list(tradeoff_sweep.VARIANTS)
+    assert tradeoff_sweep.plan([first, second], results, ["ddp", "bytegrad"], named=False, only=False) == [second]
+    assert tradeoff_sweep.plan([first, second], results, all_variants, named=False, only=False) == [first, second]
+    tradeoff_sweep.merge(results, first, {"variants": {"qadam": {"epoch_s": 0.7}}, "diverged": {}, "elapsed_s": 5.0}, 1e9)
     merged = results["settings"][first.key]["job"]
     assert set(merged["variants"]) == {"ddp", "bytegrad", "qadam"} and merged["diverged"] == {}
     assert merged["elapsed_s"] == 15.0 and "date" in merged["variants"]["qadam"]
 
 
 def test_worker_commands():
-    bridged, delayed = tradeoff.SETTINGS[0], tradeoff.SETTINGS[8]
-    assert "--delay" not in tradeoff.worker_command(bridged, "full", ["ddp"], "/tmp/c", 60)
-    cmd = tradeoff.worker_command(delayed, "full", ["ddp", "qadam"], "/tmp/c", 60)
+    bridged, delayed = tradeoff_sweep.SETTINGS[0], tradeoff_sweep.SETTINGS[8]
+    assert "--delay" not in tradeoff_sweep.worker_command(bridged, "full", ["ddp"], "/tmp/c", 60)
+    cmd = tradeoff_sweep.worker_command(delayed, "full", ["ddp", "qadam"], "/tmp/c", 60)
     assert cmd[cmd.index("--delay") + 1] == f"{delayed.delay_ms:g}" and cmd[-2:] == ["ddp", "qadam"]
-    keys = [s.key for s in tradeoff.SETTINGS]
+    keys = [s.key for s in tradeoff_sweep.SETTINGS]
     assert keys[:5] == ["bw-1gbit", "bw-300mbit", "bw-100mbit", "bw-30mbit", "bw-10mbit"]
     assert keys[5:11] == [f"lat-{ms}ms" for ms in (0, 1, 2, 5, 10, 20)] and keys[11] == "x8-100mbit"
 
 
 def test_a_real_worker_job_records_steps_buckets_and_messages(tmp_path):
     out = run_command([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                       "benchmarks/tradeoff.py", "--worker", "--setting", "t", "--size", "quick", "--reps", "1",
+                       "-m", "benchmarks.tradeoff.sweep", "--worker", "--setting", "t", "--size", "quick", "--reps", "1",
                        "--block", "1", "--variants", "ddp", "low_precision_decentralized", "onebit_grad",
                        "--cache-dir", str(tmp_path)], timeout=120).stdout
     job = json.loads(re.search(r"@@tradeoff@@ (.*)", out).group(1))
@@ -268,8 +267,8 @@ def test_a_report_of_results_elsewhere_leaves_the_projects_files_alone(tmp_path,
     the figures or the fit of the project's own sweep."""
     path = tmp_path / "experiment.json"
     path.write_text(json.dumps(synthetic_results()))
-    watched = [tradeoff_report.RESULTS_MD, tradeoff_report.GUIDE, *(tradeoff_report.HERE / "figures").glob("tradeoff*.png"),
-               *(tradeoff_report.HERE / "results").glob("tradeoff_model*.json")]
+    watched = [tradeoff_report.RESULTS_MD, tradeoff_report.GUIDE, *FIGURES.glob("tradeoff*.png"),
+               *RESULTS.glob("tradeoff_model*.json")]
     before = {p: p.read_bytes() for p in watched}
     assert tradeoff_report.main(["--results", str(path)]) == 0
     assert {p: p.read_bytes() for p in watched} == before

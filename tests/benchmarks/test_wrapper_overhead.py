@@ -1,15 +1,12 @@
-"""benchmarks/wrapper_overhead.py: the ratio it reports and the floor it times."""
+"""benchmarks/step/wrapper_overhead.py: the ratio it reports and the floor it times."""
 
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import wrapper_overhead  # noqa: E402
+from benchmarks.step import wrapper_overhead
 
 
 def test_the_extra_per_tensor_and_the_ratio_are_over_the_bare_model():

@@ -1,4 +1,4 @@
-"""Tests for benchmarks/netns.py: ranks in network namespaces over bandwidth-capped links.
+"""Tests for benchmarks/network/netns.py: ranks in network namespaces over bandwidth-capped links.
 
 Real namespaces, veths, bridge and tbf qdiscs; needs root and iproute2, skipped otherwise.
 """
@@ -13,13 +13,8 @@ import time
 
 import pytest
 
-from benchmarks.netns import (
-    PREFIX,
-    RankFailedError,
-    RankTimeoutError,
-    ShapedNetwork,
-    parse_rate,
-)
+from benchmarks.jobs import RankFailedError, RankTimeoutError
+from benchmarks.network import PREFIX, ShapedNetwork, parse_rate
 from tests.comm._netns import REPO, needs_netns, ours, probe
 
 GLOO_SCRIPT = textwrap.dedent(
@@ -152,7 +147,7 @@ def test_cli_streams_rank0_and_propagates_exit_code(tmp_path):
         "sys.exit(5 if r == '2' else 0)\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "benchmarks" / "netns.py"), "--ranks", "3", "--rate", "none",
+        [sys.executable, "-m", "benchmarks.network.netns", "--ranks", "3", "--rate", "none",
          "--timeout", "30", "--", sys.executable, "-c", script],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
     )
@@ -171,7 +166,7 @@ def test_cli_streams_rank0_and_propagates_exit_code(tmp_path):
 MACHINES_SCRIPT = textwrap.dedent(
     """
     import json, os, torch, bagua
-    bagua.init_process_group()  # torchrun's variables, as netns.py gives them
+    bagua.init_process_group()  # torchrun's variables, as the emulated network gives them
     tx = lambda: int(open("/sys/class/net/veth0/statistics/tx_bytes").read())
     values = 1 << 19  # 2 MB of fp32
     sent = {}

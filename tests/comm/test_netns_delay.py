@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from benchmarks import netns
+from benchmarks.network import netns
 from benchmarks.network import Delay, NetnsError, ShapedNetwork, cleanup_stale, tcp_buffer_bytes
 from benchmarks.network.delay_line import DelayLine
 from benchmarks.network.probes import parse_result
@@ -203,7 +203,7 @@ def test_teardown_leaves_nothing_after_an_error_or_a_dead_delay_line():
 @pytest.mark.timeout(40)
 def test_cleanup_removes_what_a_killed_launcher_left_with_its_delay_line():
     launcher = subprocess.Popen(
-        [sys.executable, str(REPO / "benchmarks" / "netns.py"), "--ranks", "2", "--delay", "1",
+        [sys.executable, "-m", "benchmarks.network.netns", "--ranks", "2", "--delay", "1",
          "--", "sleep", "60"],
         stderr=subprocess.PIPE, text=True, cwd=REPO,
     )
@@ -228,7 +228,7 @@ def test_cleanup_removes_what_a_killed_launcher_left_with_its_delay_line():
 def test_cli_delay_and_tcp_cc():
     script = "print(open('/proc/sys/net/ipv4/tcp_congestion_control').read().strip())"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "netns.py"), "--ranks", "2", "--rate", "none",
+        [sys.executable, "-m", "benchmarks.network.netns", "--ranks", "2", "--rate", "none",
          "--delay", "2", "--tcp-cc", "reno", "--timeout", "20", "--", sys.executable, "-c", script],
         capture_output=True, text=True, cwd=REPO, timeout=25,
     )

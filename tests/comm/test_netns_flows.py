@@ -17,8 +17,7 @@ import time
 
 import pytest
 
-from benchmarks import netns
-from benchmarks.netns import ShapedNetwork
+from benchmarks.network import IFNAME_IN_NS, ShapedNetwork, netns
 from benchmarks.network.flows import (
     MAX_LEAVES,
     Connection,
@@ -183,7 +182,7 @@ def test_watcher_gives_a_later_connection_its_leaf_and_removes_it_when_closed():
             # the bytes went through the connection's leaf on both legs: out of rank 1's
             # namespace, and from the bridge towards rank 0's
             leaf_towards_0 = watcher.leaves(0)[Connection(a0, port, a1, client_port)]
-            _wait_for(lambda: _class_bytes(netns.IFNAME_IN_NS, leaf, net.namespaces[1]) > 1e6,
+            _wait_for(lambda: _class_bytes(IFNAME_IN_NS, leaf, net.namespaces[1]) > 1e6,
                       "1 MB through the leaf in rank 1's namespace")
             _wait_for(lambda: _class_bytes(net.host_legs[0], leaf_towards_0) > 1e6,
                       "1 MB through the leaf towards rank 0's namespace")

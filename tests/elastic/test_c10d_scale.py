@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.elastic import run_c10d_scale
+from benchmarks.scale.elastic import run_c10d_scale
 
 TRAIN_SAMPLES = 1437  # the digits' training split
 # World size 1 trains from epoch 1 for ~4 epochs (~13 s here) until the restarted agent has joined

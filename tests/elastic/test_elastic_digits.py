@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.elastic import trained_samples
+from benchmarks.scale.elastic import trained_samples
 from tests.harness import run_command
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from tests.harness import run_command
 JOB = Path(__file__).with_name("_restart_job.py")
 
 
-@pytest.mark.parametrize("trial", range(1))  # 20 trials: benchmarks/elastic.py
+@pytest.mark.parametrize("trial", range(1))  # 20 trials: python -m benchmarks.scale.elastic
 def test_a_killed_worker_is_restarted_and_the_job_exits_0(trial):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "--max-restarts", "2", str(JOB)]

@@ -1,0 +1,58 @@
+"""Where the benchmarks record their runs, and the numbers their reports share.
+
+``RESULTS`` (``benchmarks/results/``) holds the results files that docs/performance.md is
+generated from, ``FIGURES`` (``benchmarks/figures/``) the plots; ``save_run`` writes one run's
+record as JSON; ``quantile`` and ``fmt_bytes`` are the reports' statistics and byte counts.
+
+Example::
+
+    save_run(".bench/comm.json", 240.0, [], {"uint8_speedup": 3.6}, jobs=jobs)
+    fmt_bytes(16_500)                     # '16.5KB'
+    quantile([1.0, 2.0, 3.0, 4.0], 0.25)  # 1.75
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+BENCHMARKS = Path(__file__).resolve().parent
+RESULTS = BENCHMARKS / "results"
+FIGURES = BENCHMARKS / "figures"
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` with linear interpolation."""
+    s = sorted(values)
+    pos = q * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def fmt_bytes(n: Optional[float]) -> str:
+    """``1.05MB``, ``16.5KB``, ``512B``; ``-`` for None."""
+    if n is None:
+        return "-"
+    for unit, mult in (("MB", 1e6), ("KB", 1e3)):
+        if n >= mult:
+            return f"{n / mult:.3g}{unit}"
+    return f"{n:.0f}B"
+
+
+def save_run(path: str, elapsed: float, failed: Sequence[str], key: dict[str, Any], **results: Any) -> None:
+    """Write one run's record (date, argv, time taken, failed jobs, key ratios, ``results``) as JSON.
+
+    Example::
+
+        save_run(".bench/comm.json", 240.0, [], {"uint8_speedup": 3.6}, jobs=jobs)
+    """
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record = {"date": time.strftime("%Y-%m-%d"), "argv": sys.argv[1:], "elapsed_s": elapsed,
+              "failed": list(failed), "key": key, **results}
+    out.write_text(json.dumps(record, indent=1))
+    print(f"\nwrote {out}")
