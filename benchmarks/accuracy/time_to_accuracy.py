@@ -413,7 +413,8 @@ def generated() -> tuple[str, Optional[str]]:
                        ("constant", "At a constant learning rate (2 ranks)")):
         path = results_path(run)
         if not path.exists():
-            parts.append(f"### {title}\n\n(not measured yet: `python benchmarks/time_to_accuracy.py --measure {run}`)")
+            parts.append(f"### {title}\n\n(not measured yet: `python -m benchmarks.accuracy.time_to_accuracy --measure "
+                         f"{run}`)")
             continue
         result = json.loads(path.read_text())
         text, _ = report(result)
@@ -422,8 +423,8 @@ def generated() -> tuple[str, Optional[str]]:
             text += (f"\n\nThe curves of {', '.join(replaced['variants'])} are those of a second run of the same settings "
                      f"({replaced['from']}, {replaced['date']}), which evaluated the replicas' average; torch DDP's curve "
                      f"was the same in both, value for value.")
-        parts.append(f"### {title}\n\n_Generated from `benchmarks/results/{path.name}` by `python "
-                     f"benchmarks/time_to_accuracy.py --report`._\n\n![validation loss](figures/{path.stem}.png)"
+        parts.append(f"### {title}\n\n_Generated from `benchmarks/results/{path.name}` by `python -m "
+                     f"benchmarks.accuracy.time_to_accuracy --report`._\n\n![validation loss](figures/{path.stem}.png)"
                      f"\n\n{text}")
         if run == "decay":
             module = measured_module(result, f"benchmarks/results/{path.name}")

@@ -63,7 +63,7 @@ from benchmarks.jobs import ROOT, emulated, loopback, run_job, worker
 from benchmarks.network import parse_rate, requirements_problem, tx_bytes_reader
 from benchmarks.records import FIGURES, quantile, save_run
 
-logger = logging.getLogger("benchmarks.comm")
+logger = logging.getLogger("benchmarks.comm.allreduce")
 
 MODULE = "benchmarks.comm.allreduce"
 DEFAULT_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20)

@@ -25,7 +25,7 @@ EVAL = re.compile(r"step +(\d+) .* (\d+) tokens/s  padding (\d+\.\d)%")
 FINAL = re.compile(r"final: validation loss (\d+\.\d+) .* after (\d+) steps, (\d+) tokens, (\d+\.\d) s of training")
 
 
-def run(sampler: str, args: argparse.Namespace) -> dict:
+def train(sampler: str, args: argparse.Namespace) -> dict:
     cmd = loopback(args.ranks, [sys.executable, str(ROOT / "examples" / "train_lm.py"), "--sampler", sampler,
                                 "--steps", str(args.steps), "--eval-every", str(args.steps), "--val-docs", "64",
                                 "--no-progress", "--layers", str(args.layers), "--width", str(args.width),
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=1800)
     args = parser.parse_args(argv)
-    rows = {s: run(s, args) for s in ("torch", "balanced")}
+    rows = {s: train(s, args) for s in ("torch", "balanced")}
     print(f"\n{args.ranks} ranks, {args.steps} steps, batch {args.batch_size} (torch) / token budget "
           f"{args.batch_size * (args.context + 1)} per rank (balanced), context {args.context}")
     print("| sampler | tokens/s | padded tokens | real tokens | training s | val loss |")

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 from .registry import AREAS, FIGURES, HEADLINE, HEADLINE_PLOT, PROSE_ONLY, Area
 from .results import Results
 
-BEGIN = "<!-- BEGIN GENERATED: {name} (python benchmarks/performance_page.py; do not edit) -->"
+BEGIN = "<!-- BEGIN GENERATED: {name} (python -m benchmarks.performance; do not edit) -->"
 END = "<!-- END GENERATED: {name} -->"
 #: a generated block; the command in its begin marker may be an older one (rewritten with the block)
 BLOCK_RE = re.compile(r"<!-- BEGIN GENERATED: ([\w.-]+) \(python [^;()]+; do not edit\) -->"
@@ -44,11 +44,11 @@ GRID_TITLES = {
 def page(results: Results, texts: dict[str, str]) -> str:
     """docs/performance.md."""
     out = ["# Performance figures", "",
-           "_Generated from `benchmarks/results/` by `python benchmarks/performance_page.py`; do not edit. "
+           "_Generated from `benchmarks/results/` by `python -m benchmarks.performance`; do not edit. "
            "`benchmarks/RESULTS.md` keeps the dated history of every figure and the reasoning behind it._", "",
            "One figure per claim: the latest run kept in a results file. Each group of figures names the run it comes "
            "from: its date, the machine, the command that wrote it (its `--out` pointed at the results file named) "
-           "and its plot. Every bandwidth-limited setting is emulated on one machine (`benchmarks/netns.py`: each "
+           "and its plot. Every bandwidth-limited setting is emulated on one machine (`benchmarks/network/`: each "
            "emulated machine in its own network namespace behind a shaped link), so CPU is shared by all ranks: the "
            "ratios hold for the setting named, not for every cluster.", "",
            "How fast is an algorithm at a link speed? One grid answers it: [Algorithms at network speeds]"

@@ -34,12 +34,12 @@ class Area:
 @dataclass(frozen=True)
 class Recorded:
     """What a results file does not record about itself. ``section``: its history in RESULTS.md;
-    ``script``: the benchmark that wrote it (its recorded ``argv`` is that script's); ``command``,
+    ``module``: the benchmark that wrote it (its recorded ``argv`` is that module's); ``command``,
     ``date``: used where the file records none (a file that names no machine ran on ``CPU_BOX``);
     ``plot``: under benchmarks/figures/."""
 
     section: str
-    script: Optional[str] = None
+    module: Optional[str] = None
     command: Optional[str] = None
     date: Optional[str] = None
     plot: Optional[str] = None
@@ -75,37 +75,39 @@ AREAS = [
 ]
 
 RECORDED = {
-    "tradeoff.json": Recorded("Bandwidth x latency", command="python benchmarks/tradeoff.py", plot="tradeoff.png"),
-    "tradeoff_model.json": Recorded("Bandwidth x latency", command="python benchmarks/tradeoff.py --report",
+    "tradeoff.json": Recorded("Bandwidth x latency", command="python -m benchmarks.tradeoff.sweep", plot="tradeoff.png"),
+    "tradeoff_model.json": Recorded("Bandwidth x latency", command="python -m benchmarks.tradeoff.sweep --report",
                                     date="fitted to tradeoff.json's sweep"),
-    "ddp_hooks.json": Recorded("Data-parallel algorithms", script="ddp.py"),
-    "ddp_striped_backend.json": Recorded("Striped collectives", script="ddp.py"),
+    "ddp_hooks.json": Recorded("Data-parallel algorithms", module="benchmarks.step.ddp"),
+    "ddp_striped_backend.json": Recorded("Striped collectives", module="benchmarks.step.ddp"),
     "ddp.md": Recorded("Data-parallel algorithms",
-                       command=".venv/bin/python benchmarks/ddp.py --out .bench/ddp-final2.json"),
+                       command=".venv/bin/python -m benchmarks.step.ddp --out .bench/ddp-final2.json"),
     "wrapper_overhead.json": Recorded(
-        "Readiness per bucket", command="python benchmarks/wrapper_overhead.py --rounds 7 --steps 400 --floor "
+        "Readiness per bucket", command="python -m benchmarks.step.wrapper_overhead --rounds 7 --steps 400 --floor "
                                         "--out benchmarks/results/wrapper_overhead.json"),
     "wrapper_overhead_every_step.json": Recorded(
-        "Readiness per bucket", command="python benchmarks/wrapper_overhead.py --rounds 5 --steps 400 --floor --block 1 "
-                                        "--out benchmarks/results/wrapper_overhead_every_step.json"),
-    "time_to_accuracy.json": Recorded("Speed without losing accuracy", command="python benchmarks/time_to_accuracy.py",
+        "Readiness per bucket", command="python -m benchmarks.step.wrapper_overhead --rounds 5 --steps 400 --floor "
+                                        "--block 1 --out benchmarks/results/wrapper_overhead_every_step.json"),
+    "time_to_accuracy.json": Recorded("Speed without losing accuracy",
+                                      command="python -m benchmarks.accuracy.time_to_accuracy",
                                       plot="time_to_accuracy.png"),
     "time_to_accuracy_constant.json": Recorded(
         "Speed without losing accuracy", plot="time_to_accuracy_constant.png",
-        command="python benchmarks/time_to_accuracy.py --measure constant --variants torch-ddp bytegrad qadam qadam1 "
-                "onebit_grad"),
-    "machines.json": Recorded("Many ranks, several a machine", command="python benchmarks/machines.py",
+        command="python -m benchmarks.accuracy.time_to_accuracy --measure constant --variants torch-ddp bytegrad "
+                "qadam qadam1 onebit_grad"),
+    "machines.json": Recorded("Many ranks, several a machine", command="python -m benchmarks.tradeoff.machines",
                               plot="machines.png"),
-    "machines_heldout.json": Recorded("Many ranks, several a machine", command="python benchmarks/machines.py --held-out",
+    "machines_heldout.json": Recorded("Many ranks, several a machine",
+                                      command="python -m benchmarks.tradeoff.machines --held-out",
                                       plot="machines_heldout.png"),
     "machines_fresh_repeat.json": Recorded("Many ranks, several a machine"),  # its command is not recorded
-    "machines_fresh.json": Recorded("Many ranks, several a machine", command="python benchmarks/machines.py --fresh",
-                                    plot="machines_fresh.png"),
+    "machines_fresh.json": Recorded("Many ranks, several a machine",
+                                    command="python -m benchmarks.tradeoff.machines --fresh", plot="machines_fresh.png"),
     "machines_comm_bound.json": Recorded("Many ranks, several a machine",
-                                         command="python benchmarks/machines.py --size comm-bound"),
-    "scale_check.json": Recorded("Many ranks, several a machine", script="scale_check.py"),
+                                         command="python -m benchmarks.tradeoff.machines --size comm-bound"),
+    "scale_check.json": Recorded("Many ranks, several a machine", module="benchmarks.scale.check"),
     "elastic_machines.json": Recorded("Many ranks, several a machine"),
-    "hf_trainer.json": Recorded("Data-parallel algorithms", script="hf_trainer.py"),
+    "hf_trainer.json": Recorded("Data-parallel algorithms", module="benchmarks.step.hf_trainer"),
     "cache.md": Recorded("Cached dataset"),
     "sampler.md": Recorded("Load-balanced sampler"),
     "fused_optimizer.md": Recorded("Fused optimizer"),

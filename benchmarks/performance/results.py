@@ -81,11 +81,11 @@ class Results:
             if isinstance(machine, str) and "torch" in doc:
                 machine += f", torch {doc['torch']}"
             command = doc.get("command")
-            if command is None and rec.script and "argv" in doc:
+            if command is None and rec.module and "argv" in doc:
                 argv = list(doc["argv"])
                 if "--out" in argv:  # where the run wrote it then; the file lives here now
                     argv[argv.index("--out") + 1] = f"benchmarks/results/{name}"
-                command = " ".join(["python", f"benchmarks/{rec.script}", *argv])
+                command = " ".join(["python", "-m", rec.module, *argv])
             facts = {"date": " to ".join(dict.fromkeys([dates[0], dates[-1]])) if dates else None,
                      "machine": machine, "command": command, "plot": None}
         for key in ("date", "command", "plot"):

@@ -48,7 +48,7 @@ from pathlib import Path
 
 from benchmarks.jobs import ROOT, free_port, loopback, run_job, worker
 
-logger = logging.getLogger("benchmarks.elastic")
+logger = logging.getLogger("benchmarks.scale.elastic")
 MODULE = "benchmarks.scale.elastic"
 CHECKPOINT_TAG = "@@elastic@@ "  # the checkpoint job's rank 0 prints its JSON after this
 

@@ -52,7 +52,7 @@ from benchmarks.network import check_requirements
 from benchmarks.records import FIGURES, save_run
 from benchmarks.step.ddp import make_batches, make_model, mlp_params, parse_mlp
 
-logger = logging.getLogger("benchmarks.autotune")
+logger = logging.getLogger("benchmarks.step.autotune")
 
 MODULE = "benchmarks.step.autotune"
 JSON_TAG = "@@bagua-autotune-bench@@ "

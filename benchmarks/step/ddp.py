@@ -102,7 +102,7 @@ from benchmarks.step.ddp_report import (
 )
 from benchmarks.step.timing import Variant, time_interleaved
 
-logger = logging.getLogger("benchmarks.ddp")
+logger = logging.getLogger("benchmarks.step.ddp")
 
 MODULE = "benchmarks.step.ddp"
 JSON_TAG = "@@bagua-ddp-bench@@ "  # workers print one line "<tag><json>" per job on rank 0

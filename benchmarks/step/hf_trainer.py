@@ -41,7 +41,7 @@ from benchmarks.jobs import ROOT, RankFailedError, emulated, run
 from benchmarks.network import requirements_problem
 from benchmarks.records import RESULTS, save_run
 
-logger = logging.getLogger("benchmarks.hf_trainer")
+logger = logging.getLogger("benchmarks.step.hf_trainer")
 EXAMPLE = ROOT / "examples" / "hf_trainer.py"
 MODEL = ["--layers", "4", "--width", "512", "--heads", "8", "--context", "64", "--batch-size", "2"]
 TARGET = 3.0
