@@ -17,7 +17,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 BENCHMARKS = Path(__file__).resolve().parent
 RESULTS = BENCHMARKS / "results"
@@ -56,3 +56,22 @@ def save_run(path: str, elapsed: float, failed: Sequence[str], key: dict[str, An
               "failed": list(failed), "key": key, **results}
     out.write_text(json.dumps(record, indent=1))
     print(f"\nwrote {out}")
+
+
+def finish_run(out: Optional[str], elapsed: float, failed: Sequence[str], key: dict[str, Any],
+               plot: Optional[Callable[[Path], Any]] = None, plot_path: Optional[str] = None, **results: Any) -> int:
+    """The end of a driver's report: name what failed, save the run's record (``out``), draw its plot
+    (``plot(plot_path)``, where both are given); the exit status (1 when anything failed).
+
+    Example::
+
+        return finish_run(args.out, elapsed, failed, key, plot, args.plot, jobs=jobs)
+    """
+    if failed:
+        print(f"\nFAILED or skipped: {', '.join(failed)}")
+    if out:
+        save_run(out, elapsed, failed, key, **results)
+    if plot is not None and plot_path:
+        plot(Path(plot_path))
+        print(f"wrote {plot_path}")
+    return 0 if not failed else 1

@@ -61,7 +61,7 @@ from benchmarks.comm.allreduce_report import (VARIANT_HELP, VARIANTS, busbw, fmt
                                               merge_repeats, plot)
 from benchmarks.jobs import ROOT, emulated, loopback, run_job, worker
 from benchmarks.network import parse_rate, requirements_problem, tx_bytes_reader
-from benchmarks.records import FIGURES, quantile, save_run
+from benchmarks.records import FIGURES, finish_run, quantile
 
 logger = logging.getLogger("benchmarks.comm.allreduce")
 
@@ -334,18 +334,13 @@ def report(jobs: list[dict[str, Any]], args: argparse.Namespace, failed: Sequenc
     for job in merged:
         print()
         print(format_job(job))
-    if failed:
-        print(f"\nFAILED or skipped: {', '.join(failed)}")
     lines, key_line, key = key_summary(merged)
-    if args.out:
-        save_run(args.out, elapsed, failed, key, jobs=jobs, merged=merged)
-    if args.plot and not args.no_plot:
-        plot(merged, Path(args.plot))
-        print(f"wrote {args.plot}")
+    status = finish_run(args.out, elapsed, failed, key, None if args.no_plot else lambda path: plot(merged, path),
+                        args.plot, jobs=jobs, merged=merged)
     print()
     print("\n".join(lines))
     print(key_line)
-    return 0 if not failed else 1
+    return status
 
 
 # --------------------------------------------------------------------------------------------

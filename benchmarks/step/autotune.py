@@ -49,7 +49,7 @@ from typing import Any, Optional, Sequence
 
 from benchmarks.jobs import emulated, run_job, worker
 from benchmarks.network import check_requirements
-from benchmarks.records import FIGURES, save_run
+from benchmarks.records import FIGURES, finish_run
 from benchmarks.step.ddp import make_batches, make_model, mlp_params, parse_mlp
 
 logger = logging.getLogger("benchmarks.step.autotune")
@@ -253,18 +253,13 @@ def report(jobs: list[dict[str, Any]], args: argparse.Namespace, failed: Sequenc
     for job in jobs:
         print()
         print(format_job(job))
-    if failed:
-        print(f"\nFAILED or skipped: {', '.join(failed)}")
     key = {f"{j['setting']}/{j['algorithm']}": key_ratios(j) for j in jobs}
-    if args.out:
-        save_run(args.out, elapsed, failed, key, jobs=jobs)
-    if jobs and not args.no_plot:
-        plot(jobs, Path(args.plot))
-        print(f"wrote {args.plot}")
+    status = finish_run(args.out, elapsed, failed, key, (lambda path: plot(jobs, path)) if jobs and not args.no_plot else None,
+                        args.plot, jobs=jobs)
     print("\nkey: " + "; ".join(
         f"{name}: tuned/best {k['autotuned_vs_grid_best']:.3f}, default/tuned {k['default_vs_autotuned']:.2f}x, "
         f"{k['tuning_steps']} steps" for name, k in key.items()))
-    return 0 if not failed else 1
+    return status
 
 
 def run_driver(args: argparse.Namespace) -> int:

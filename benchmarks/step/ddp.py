@@ -96,7 +96,7 @@ from typing import Any, Optional, Sequence
 
 from benchmarks.jobs import ROOT, emulated, loopback, run_job, worker
 from benchmarks.network import parse_rate, requirements_problem, tx_bytes_reader
-from benchmarks.records import FIGURES, save_run
+from benchmarks.records import FIGURES, finish_run
 from benchmarks.step.ddp_report import (
     ALL_VARIANTS, BUFFER_VARIANTS, HOOK_VARIANTS, STRIPED_VARIANTS, LABELS, NETWORK_VARIANTS, QADAM_VARIANTS, format_gpu, format_job, key_summary, plot,
 )
@@ -401,18 +401,14 @@ def report(jobs: list[dict[str, Any]], gpu: Optional[dict[str, Any]], args: argp
     if gpu is not None:
         print()
         print(format_gpu(gpu))
-    if failed:
-        print(f"\nFAILED or skipped: {', '.join(failed)}")
     lines, key_line, key = key_summary(jobs, gpu)
-    if args.out:
-        save_run(args.out, elapsed, failed, key, jobs=jobs, gpu=gpu)
-    if not args.no_plot and any(j["link"] == "netns" for j in jobs):
-        plot(jobs, Path(args.plot))
-        print(f"wrote {args.plot}")
+    drawn = not args.no_plot and any(j["link"] == "netns" for j in jobs)
+    status = finish_run(args.out, elapsed, failed, key, (lambda path: plot(jobs, path)) if drawn else None, args.plot,
+                        jobs=jobs, gpu=gpu)
     print()
     print("\n".join(lines))
     print(key_line)
-    return 0 if not failed else 1
+    return status
 
 
 # --------------------------------------------------------------------------------------------

@@ -121,12 +121,17 @@ def _batchnorm_namespace(rank: int, workdir: str) -> dict:
     return {"torch": torch, "bagua": bagua, "MyModel": with_batchnorm}
 
 
-def _batchnorm_after(rank: int, ns: dict) -> dict:
-    model, opt = ns["model"], ns["opt"]
-    for x, y in rank_batches(rank, 2):
+def _train(model, opt, rank: int, steps: int) -> None:
+    """``steps`` plain training steps on this rank's batches, after a snippet set the model up."""
+    for x, y in rank_batches(rank, steps):
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
+
+
+def _batchnorm_after(rank: int, ns: dict) -> dict:
+    model, opt = ns["model"], ns["opt"]
+    _train(model, opt, rank, 2)
     norm = model.module[1]
     return {"kind": type(norm).__name__, "running_mean": norm.running_mean.clone(), "weights": flat_params(model)}
 
@@ -193,10 +198,7 @@ def _hook_namespace(rank: int, workdir: str) -> dict:
 def _hook_after(rank: int, ns: dict) -> dict:
     model = ns["model"]
     opt = _sgd(model)
-    for x, y in rank_batches(rank, 3):
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
+    _train(model, opt, rank, 3)
     return {"weights": flat_params(model.module), "steps": ns["hook_state"].steps,
             "callbacks": [type(c).__name__ for c in ns["trainer"].callbacks]}
 
@@ -404,10 +406,7 @@ def _migrating_namespace(rank: int, workdir: str) -> dict:
 
 def _migrating_after(rank: int, ns: dict) -> dict:
     model, opt = ns["model"], ns["optimizer"]
-    for x, y in rank_batches(rank, 3):
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
+    _train(model, opt, rank, 3)
     return {"weights": flat_params(model), "same_module": model is ns["original"],
             "algorithm": type(model.bagua_algorithm).__name__}
 
