@@ -20,6 +20,8 @@ from bagua.advise import Constants, Link, collective_time, message_pattern, one_
 from benchmarks.network import ShapedNetwork
 from tests.comm._netns import needs_netns
 
+pytestmark = pytest.mark.xdist_group("pattern_on_the_wire")  # its module-scoped jobs run once, on one worker
+
 RANKS = 3  # a ring with two distinct neighbours
 #: what each packet adds to its TCP payload on ``veth0``: Ethernet 14, IPv4 20, TCP 20 and its
 #: timestamps option 12 (a GSO packet of up to 64 KB counts once, with one set of headers)

@@ -15,6 +15,8 @@ from pathlib import Path
 import griffe
 import pytest
 
+pytestmark = pytest.mark.xdist_group("docs_site")  # its module-scoped site build runs once, on one worker
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Each API page and the public modules it documents: every name a module exports (its __all__, else its

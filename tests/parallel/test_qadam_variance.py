@@ -12,6 +12,8 @@ from bagua.algorithms.q_adam import refreshes_variance
 from tests.harness import run_ranks
 from tests.parallel.models import make_model, rank_batches
 
+pytestmark = pytest.mark.xdist_group("qadam_variance")  # its module-scoped jobs run once, on one worker
+
 WARMUP = 3
 STEPS = 40
 
