@@ -60,7 +60,7 @@ from typing import Any, Optional, Sequence
 from benchmarks.comm.allreduce_report import (VARIANT_HELP, VARIANTS, busbw, fmt_size, format_job, key_summary,
                                               merge_repeats, plot)
 from benchmarks.jobs import ROOT, emulated, loopback, run_job, worker
-from benchmarks.network import parse_rate, requirements_problem, tx_bytes_reader
+from benchmarks.network import parse_rate, rank_tcp_cc, requirements_problem, tx_bytes_reader
 from benchmarks.records import FIGURES, finish_run, quantile
 
 logger = logging.getLogger("benchmarks.comm.allreduce")
@@ -129,12 +129,7 @@ def run_worker(args: argparse.Namespace) -> int:
     import bagua
 
     torch.set_num_threads(1)
-    cc_path = Path("/proc/sys/net/ipv4/tcp_congestion_control")
-    if args.tcp_cc:
-        if args.link != "netns":  # on loopback this would change the host's setting
-            raise SystemExit("--tcp-cc is only for the netns settings (one namespace per rank)")
-        cc_path.write_text(args.tcp_cc)  # this rank's network namespace only; before Gloo connects
-    tcp_cc = cc_path.read_text().strip() if cc_path.exists() else "?"
+    tcp_cc = rank_tcp_cc(args.tcp_cc, args.link == "netns")  # before Gloo connects
     bagua.init_process_group(check_collectives=True)
     rank, world = bagua.get_rank(), bagua.get_world_size()
     SUM, AVG = bagua.comm.ReduceOp.SUM, bagua.comm.ReduceOp.AVG

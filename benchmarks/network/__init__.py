@@ -8,7 +8,7 @@
 - ``probes``: programs run as the ranks to measure the links (TCP throughput, UDP one-way delay)
 - ``shaped_network``: :class:`ShapedNetwork`, which builds it all and runs the ranks (with
   ``benchmarks.jobs.RankJob``: started together, watched, stopped, reported), and what a rank
-  reads of its own link (``tx_bytes_reader``)
+  reads of its own link (``tx_bytes_reader``) and sets on it (``rank_tcp_cc``)
 - ``netns``: the command line (``python -m benchmarks.network.netns --ranks 2 -- python x.py``)
 
 Needs root and iproute2; standard library only.
@@ -23,7 +23,8 @@ Example::
 from .delay_line import Delay
 from .namespaces import (IFNAME_IN_NS, MAX_RANKS, PREFIX, NetnsError, check_requirements, cleanup_stale,
                          requirements_problem)
-from .shaped_network import DEFAULT_MASTER_PORT, DEFAULT_TCP_CC, DEFAULT_TIMEOUT, ShapedNetwork, tx_bytes_reader
+from .shaped_network import (DEFAULT_MASTER_PORT, DEFAULT_TCP_CC, DEFAULT_TIMEOUT, ShapedNetwork, rank_tcp_cc,
+                             tx_bytes_reader)
 from .shaping import Shaping, format_rate, parse_rate, shaping_for, tcp_buffer_bytes
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "ShapedNetwork",
     "Shaping",
     "check_requirements",
+    "rank_tcp_cc",
     "cleanup_stale",
     "format_rate",
     "parse_rate",

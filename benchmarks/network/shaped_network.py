@@ -470,3 +470,23 @@ def tx_bytes_reader() -> Callable[[], int] | None:
     if not path.exists():
         return None
     return lambda: int(path.read_text())
+
+
+def rank_tcp_cc(requested: str | None, emulated: bool) -> str:
+    """In a rank: set its network namespace's TCP congestion control to ``requested`` (before Gloo
+    connects; only on an emulated machine, ``emulated``, where the namespace is the rank's own) and
+    return the one in use ("?" where it cannot be read).
+
+    Example::
+
+        tcp_cc = rank_tcp_cc(args.tcp_cc, args.link == "netns")   # "bbr"
+    """
+    path = Path("/proc/sys/net/ipv4/tcp_congestion_control")
+    if requested:
+        if not emulated:  # on loopback this would change the host's setting
+            raise SystemExit("--tcp-cc is only for the emulated network's settings (one namespace per rank)")
+        path.write_text(requested)
+    in_use = path.read_text().strip() if path.exists() else "?"
+    if requested and in_use != requested:
+        raise SystemExit(f"--tcp-cc {requested}: the namespace still uses {in_use} (not allowed there?)")
+    return in_use

@@ -95,7 +95,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from benchmarks.jobs import ROOT, emulated, loopback, run_job, worker
-from benchmarks.network import parse_rate, requirements_problem, tx_bytes_reader
+from benchmarks.network import parse_rate, rank_tcp_cc, requirements_problem, tx_bytes_reader
 from benchmarks.records import FIGURES, finish_run
 from benchmarks.step.ddp_report import (
     ALL_VARIANTS, BUFFER_VARIANTS, HOOK_VARIANTS, STRIPED_VARIANTS, LABELS, NETWORK_VARIANTS, QADAM_VARIANTS, format_gpu, format_job, key_summary, plot,
@@ -193,14 +193,7 @@ def run_worker(args: argparse.Namespace) -> int:
     import bagua
 
     torch.set_num_threads(args.threads)
-    cc_path = Path("/proc/sys/net/ipv4/tcp_congestion_control")
-    if args.tcp_cc:
-        if args.link != "netns":  # on loopback this would change the host's setting
-            raise SystemExit("--tcp-cc is only for the network settings (one namespace per rank)")
-        cc_path.write_text(args.tcp_cc)  # this rank's network namespace only; before Gloo connects
-    tcp_cc = cc_path.read_text().strip() if cc_path.exists() else "?"
-    if args.tcp_cc and tcp_cc != args.tcp_cc:
-        raise SystemExit(f"--tcp-cc {args.tcp_cc}: the namespace still uses {tcp_cc} (not allowed there?)")
+    tcp_cc = rank_tcp_cc(args.tcp_cc, args.link == "netns")  # before Gloo connects
     bagua.init_process_group(**({"streams": args.job_streams} if args.job_streams else {}))
     rank, world = bagua.get_rank(), bagua.get_world_size()
     dims = parse_mlp(args.mlp)
