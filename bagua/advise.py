@@ -339,7 +339,7 @@ def collective_time(c: Collective, link: Link, constants: Constants, backend: st
 def communication_pace(processes: float, cores: float, background: float = 0.0) -> float:
     """How fast communication progresses while the step computes, as a share of its pace alone:
     each rank's communication thread gets its share of a core, ``min(1, cores / (processes +
-    background))``. 1 where the ranks leave a core free (a GPU per rank, or cores to spare);
+    background))`` (the inverse of :func:`cpu_slowdown` with cores shared at no cost). 1 where the ranks leave a core free (a GPU per rank, or cores to spare);
     less where CPU ranks oversubscribe the machine, and their communication waits for compute to
     stop (on the 2-core box of benchmarks/RESULTS.md, 16 ranks: about 0.12).
 
@@ -348,9 +348,7 @@ def communication_pace(processes: float, cores: float, background: float = 0.0) 
         communication_pace(16, 2, 1.0)   # 0.1176...
         communication_pace(1, 8)         # 1.0
     """
-    if processes < 1 or cores <= 0 or background < 0:
-        raise ValueError(f"need processes >= 1, cores > 0 and background >= 0, got {processes}, {cores}, {background}")
-    return min(1.0, cores / (processes + background))
+    return 1.0 / cpu_slowdown(processes, cores, background)
 
 
 def exposed_time(pattern: Sequence[Collective], times: Sequence[float], compute_s: float, backward_share: float,

@@ -97,7 +97,7 @@ def predictions(fit: dict[str, Any], sweep: dict[str, Any], scales: Optional[dic
                 link = replace(link, message_s=router[link_name] * cpu_slowdown(world, facts["cpus"], facts["load_start"],
                                                                                 contention))
             scale = (scales or {}).get(key) or compute_scale(sweep, world, FITTED_WORLD, contention=contention)
-            paced = pace(machine_facts(sweep), world)
+            paced = pace(facts, world)
             rows = {}
             for name, advise_name, hierarchical in VARIANTS:
                 base = name.removesuffix("-hier")
