@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -56,6 +57,23 @@ def save_run(path: str, elapsed: float, failed: Sequence[str], key: dict[str, An
               "failed": list(failed), "key": key, **results}
     out.write_text(json.dumps(record, indent=1))
     print(f"\nwrote {out}")
+
+
+def add_run_options(parser: argparse.ArgumentParser, timeout_s: float, plot: Path, rebuilt: str) -> None:
+    """A driver's options that ``finish_run`` and its report read: ``--timeout`` per job, ``--out``,
+    ``--plot`` (default ``plot``), ``--no-plot``, and ``--from-json`` (report saved runs again:
+    ``rebuilt`` says what comes back from them).
+
+    Example::
+
+        add_run_options(p, 900.0, FIGURES / "comm_busbw.png", "tables and plot (rounds are pooled)")
+    """
+    parser.add_argument("--timeout", type=float, default=timeout_s, help=f"seconds per job (default {timeout_s:g})")
+    parser.add_argument("--out", default=None, help="write all results as JSON here")
+    parser.add_argument("--plot", default=str(plot), help=f"plot path (default {plot.relative_to(BENCHMARKS.parent)})")
+    parser.add_argument("--no-plot", action="store_true", help="don't write the plot")
+    parser.add_argument("--from-json", nargs="+", default=None, metavar="PATH",
+                        help=f"don't run anything: rebuild {rebuilt} from --out files")
 
 
 def finish_run(out: Optional[str], elapsed: float, failed: Sequence[str], key: dict[str, Any],

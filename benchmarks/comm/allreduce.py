@@ -59,9 +59,9 @@ from typing import Any, Optional, Sequence
 
 from benchmarks.comm.allreduce_report import (VARIANT_HELP, VARIANTS, busbw, fmt_size, format_job, key_summary,
                                               merge_repeats, plot)
-from benchmarks.jobs import ROOT, emulated, loopback, run_job, worker
+from benchmarks.jobs import emulated, loopback, run_job, worker
 from benchmarks.network import parse_rate, rank_tcp_cc, requirements_problem, tx_bytes_reader
-from benchmarks.records import FIGURES, finish_run, quantile
+from benchmarks.records import FIGURES, add_run_options, finish_run, quantile
 
 logger = logging.getLogger("benchmarks.comm.allreduce")
 
@@ -372,12 +372,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=1,
                    help="rounds of all settings; tables show the median over rounds and the key "
                         "comparisons every round's value (default 1)")
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds per job (default 900)")
-    p.add_argument("--out", default=None, help="write all results (every round) as JSON here")
-    p.add_argument("--plot", default=str(DEFAULT_PLOT), help=f"plot path (default {DEFAULT_PLOT.relative_to(ROOT)})")
-    p.add_argument("--no-plot", action="store_true", help="don't write the plot")
-    p.add_argument("--from-json", nargs="+", default=None, metavar="PATH",
-                   help="don't run anything: rebuild tables and plot from --out files (rounds are pooled)")
+    add_run_options(p, 900.0, DEFAULT_PLOT, "tables and plot (every round's results, pooled)")
     p.add_argument("--tcp-cc", default=None, metavar="NAME",
                    help="capped settings only: TCP congestion control to use inside the ranks' "
                         "namespaces (e.g. reno; the kernel must allow it there); default: the "

@@ -49,7 +49,7 @@ from typing import Any, Optional, Sequence
 
 from benchmarks.jobs import emulated, run_job, worker
 from benchmarks.network import check_requirements
-from benchmarks.records import FIGURES, finish_run
+from benchmarks.records import FIGURES, add_run_options, finish_run
 from benchmarks.step.ddp import make_batches, make_model, mlp_params, parse_mlp
 
 logger = logging.getLogger("benchmarks.step.autotune")
@@ -292,11 +292,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--check-rounds", type=int, default=6, help="interleaved check rounds (default 6)")
     p.add_argument("--seed", type=int, default=0, help="the sampler's seed")
     p.add_argument("--max-tuning-steps", type=int, default=200, help="give up on a tuning that runs longer")
-    p.add_argument("--timeout", type=float, default=1200.0, help="seconds per job (default 1200)")
-    p.add_argument("--out", default=None, help="write all results as JSON here")
-    p.add_argument("--plot", default=str(DEFAULT_PLOT))
-    p.add_argument("--no-plot", action="store_true")
-    p.add_argument("--from-json", nargs="+", default=None, metavar="PATH", help="report saved runs again")
+    add_run_options(p, 1200.0, DEFAULT_PLOT, "the report and plot")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--setting", default="", help=argparse.SUPPRESS)
     p.add_argument("--algorithm", default="gradient_allreduce", help=argparse.SUPPRESS)

@@ -94,9 +94,9 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from benchmarks.jobs import ROOT, emulated, loopback, run_job, worker
+from benchmarks.jobs import emulated, loopback, run_job, worker
 from benchmarks.network import parse_rate, rank_tcp_cc, requirements_problem, tx_bytes_reader
-from benchmarks.records import FIGURES, finish_run
+from benchmarks.records import FIGURES, add_run_options, finish_run
 from benchmarks.step.ddp_report import (
     ALL_VARIANTS, BUFFER_VARIANTS, HOOK_VARIANTS, STRIPED_VARIANTS, LABELS, NETWORK_VARIANTS, QADAM_VARIANTS, format_gpu, format_job, key_summary, plot,
 )
@@ -455,12 +455,7 @@ def _parser() -> argparse.ArgumentParser:
                         "on this benchmark's random labels still diverges within ~12 steps; see RESULTS.md)")
     p.add_argument("--clip-norm", type=float, default=1.0,
                    help="max_norm of clip_grad_norm_ in the qadam-*clip variants (default 1.0)")
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds per job (default 900)")
-    p.add_argument("--out", default=None, help="write all results as JSON here")
-    p.add_argument("--plot", default=str(DEFAULT_PLOT), help=f"plot path (default {DEFAULT_PLOT.relative_to(ROOT)})")
-    p.add_argument("--no-plot", action="store_true", help="don't write the plot")
-    p.add_argument("--from-json", nargs="+", default=None, metavar="PATH",
-                   help="don't run anything: rebuild tables, key line and plot from --out files")
+    add_run_options(p, 900.0, DEFAULT_PLOT, "tables, key line and plot")
     # gpu
     p.add_argument("--gpu-mlp", default="4096-4096x4-1000", help="GPU model (default 4096-4096x4-1000)")
     p.add_argument("--gpu-batch", type=int, default=256)
